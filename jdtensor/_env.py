@@ -1,0 +1,345 @@
+"""Every environment variable jdtensor reads, parsed strictly.
+
+PURE: standard library only. Never imports jax, never starts a backend.
+
+Each reader takes the environment as a mapping (default: ``os.environ``), so
+tests pass a dict instead of patching the process environment, and callers
+read the environment at call time, as TF DTensor does (users commonly set
+``DTENSOR_*`` in-process before initialising).
+
+Differences from TF DTensor 2.21 (deliberate fixes, see README "Differences"):
+
+* ``DTENSOR_JOBS`` entries are stripped; empty entries and entries that are
+  not ``host:port`` (port 1..65535) or a ``/bns/`` address are rejected, as are
+  duplicates. An empty or blank value means local mode (TF master behaviour;
+  2.21 turned ``""`` into one job named ``''``).
+* ``DTENSOR_CLIENT_ID`` must be a decimal integer; anything else is a
+  `ConfigError` naming the variable (TF: a bare ``int()`` error).
+* Boolean variables accept true/false/1/0/yes/no in any case and reject
+  anything else (TF: ``"yes"`` is False, and ``"false"`` is True for the
+  ``!= "0"`` variables).
+* The legacy ``DTENSOR_NUM_CLIENTS`` is read again; when it disagrees with
+  ``DTENSOR_JOBS`` a `ConfigError` names both (TF 2.11+ ignores it silently).
+* An unsorted mix of numeric and non-numeric BNS task ids is a `ConfigError`
+  (TF: a raw ``TypeError`` from ``sorted``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jdtensor.errors import ConfigError
+
+__all__ = [
+    "DTENSOR_CLIENT_ID",
+    "DTENSOR_JOBS",
+    "DTENSOR_JOB_NAME",
+    "DTENSOR_NUM_CLIENTS",
+    "DTENSOR_ENABLE_HEARTBEAT",
+    "DTENSOR_GPU_USE_NCCL_COMMUNICATION",
+    "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION",
+    "JDTENSOR_INIT_TIMEOUT",
+    "JDTENSOR_HEARTBEAT_TIMEOUT",
+    "JDTENSOR_SHUTDOWN_TIMEOUT",
+    "JDTENSOR_COORDINATOR_BIND_ADDRESS",
+    "ClusterEnv",
+    "parse_bool",
+    "parse_int",
+    "parse_positive_float",
+    "parse_jobs",
+    "jobs",
+    "num_clients",
+    "client_id",
+    "job_name",
+    "read_bool",
+    "read_cluster_env",
+]
+
+# DTensor's own variables (TF names, read by TF DTensor too).
+DTENSOR_CLIENT_ID = "DTENSOR_CLIENT_ID"
+DTENSOR_JOBS = "DTENSOR_JOBS"
+DTENSOR_JOB_NAME = "DTENSOR_JOB_NAME"
+DTENSOR_NUM_CLIENTS = "DTENSOR_NUM_CLIENTS"  # legacy (TF <= 2.10)
+DTENSOR_ENABLE_HEARTBEAT = "DTENSOR_ENABLE_HEARTBEAT"
+DTENSOR_GPU_USE_NCCL_COMMUNICATION = "DTENSOR_GPU_USE_NCCL_COMMUNICATION"
+DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION = "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION"
+
+# jdtensor's own knobs for the JAX runtime underneath.
+JDTENSOR_INIT_TIMEOUT = "JDTENSOR_INIT_TIMEOUT"
+JDTENSOR_HEARTBEAT_TIMEOUT = "JDTENSOR_HEARTBEAT_TIMEOUT"
+JDTENSOR_SHUTDOWN_TIMEOUT = "JDTENSOR_SHUTDOWN_TIMEOUT"
+JDTENSOR_COORDINATOR_BIND_ADDRESS = "JDTENSOR_COORDINATOR_BIND_ADDRESS"
+
+_TRUE = frozenset({"1", "true", "yes"})
+_FALSE = frozenset({"0", "false", "no"})
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+# TF's DeviceNameUtils job names: a letter, then letters, digits or '_'.
+_JOB_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.%A-Za-z]+\]")
+
+
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+  return os.environ if environ is None else environ
+
+
+def parse_bool(name: str, raw: str) -> bool:
+  """Parses a boolean variable strictly.
+
+  Args:
+    name: The variable's name, for the error message.
+    raw: Its value.
+
+  Returns:
+    True for 1/true/yes and False for 0/false/no, in any case, ignoring
+    surrounding blanks.
+
+  Raises:
+    ConfigError: For any other value.
+  """
+  value = raw.strip().lower()
+  if value in _TRUE:
+    return True
+  if value in _FALSE:
+    return False
+  raise ConfigError(
+      f"{name}={raw!r} is not a boolean; use one of true/false, 1/0 or yes/no "
+      "(any case), or unset it for the default.")
+
+
+def parse_int(name: str, raw: str, *, hint: str = "") -> int:
+  """Parses a decimal integer variable strictly (no ``int()`` leniency).
+
+  Args:
+    name: The variable's name, for the error message.
+    raw: Its value.
+    hint: What to set it to, appended to the error message.
+
+  Returns:
+    The integer.
+
+  Raises:
+    ConfigError: If the value is not a decimal integer.
+  """
+  value = raw.strip()
+  if not _INT_RE.fullmatch(value):
+    raise ConfigError(
+        f"{name}={raw!r} is not an integer" + (f"; {hint}" if hint else "."))
+  return int(value)
+
+
+def parse_positive_float(name: str, raw: str) -> float:
+  """Parses a finite float > 0, e.g. a timeout in seconds.
+
+  Raises:
+    ConfigError: If the value is not a finite number greater than zero.
+  """
+  try:
+    value = float(raw.strip())
+  except ValueError:
+    value = float("nan")
+  if not value > 0 or value == float("inf"):
+    raise ConfigError(
+        f"{name}={raw!r} must be a finite number of seconds greater than 0.")
+  return value
+
+
+def _bns_task_id(job: str) -> int | str:
+  # DTensor's `_bns_task_id`: last path component, text before its first ':'.
+  tail = job.split("/")[-1].split(":")[0]
+  try:
+    return int(tail)
+  except ValueError:
+    return job
+
+
+def _check_host_port(entry: str, raw: str) -> None:
+  host, sep, port = entry.rpartition(":")
+  problem = ""
+  if not sep or not host:
+    problem = "is not of the form host:port"
+  elif not _HOST_RE.fullmatch(host):
+    problem = f"has an invalid host {host!r}"
+  elif not port.isdigit() or not 1 <= int(port) <= 65535:
+    problem = f"has an invalid port {port!r} (expected 1..65535)"
+  if problem:
+    raise ConfigError(
+        f"{DTENSOR_JOBS}={raw!r}: entry {entry!r} {problem}. Set "
+        f"{DTENSOR_JOBS} to a comma-separated list of host:port addresses, one "
+        "per client in client-id order, e.g. "
+        "'localhost:10000,localhost:10001'.")
+
+
+def parse_jobs(raw: str | None) -> list[str]:
+  """Parses ``DTENSOR_JOBS``.
+
+  Args:
+    raw: The variable's value, or None when unset.
+
+  Returns:
+    The stripped entries in client-id order; ``[]`` (local mode) when unset,
+    empty or blank.
+
+  Raises:
+    ConfigError: For an empty entry, an entry that is not ``host:port`` or a
+      BNS address, a duplicate entry, or BNS entries out of task order (the
+      last with DTensor's exact message).
+  """
+  if raw is None or not raw.strip():
+    return []
+  entries = [e.strip() for e in raw.split(",")]
+  for i, entry in enumerate(entries):
+    if not entry:
+      raise ConfigError(
+          f"{DTENSOR_JOBS}={raw!r} has an empty entry at position {i}; remove "
+          "the stray comma so that every entry is a host:port address.")
+    if not entry.startswith("/bns/"):
+      _check_host_port(entry, raw)
+  seen: dict[str, int] = {}
+  for i, entry in enumerate(entries):
+    if entry in seen:
+      raise ConfigError(
+          f"{DTENSOR_JOBS}={raw!r} lists {entry!r} twice (clients {seen[entry]} "
+          f"and {i}); every client needs its own address.")
+    seen[entry] = i
+  if any(e.startswith("/bns/") for e in entries):
+    keys = [_bns_task_id(e) for e in entries]
+    if len({type(k) for k in keys}) > 1:
+      raise ConfigError(
+          f"{DTENSOR_JOBS}={raw!r} mixes BNS entries with numeric task ids and "
+          "entries without one, so they cannot be sorted; give every entry a "
+          "numeric task id.")
+    if keys != sorted(keys):  # type: ignore[type-var]
+      # DTensor-compatible message.
+      raise ConfigError(
+          f"Unexpected DTENSOR_JOBS content {raw}. Sort entries in DTENSOR_JOBS "
+          "because cluster construction relies on the order.")
+  return entries
+
+
+def jobs(environ: Mapping[str, str] | None = None) -> list[str]:
+  """``DTENSOR_JOBS`` as a list (see `parse_jobs`)."""
+  return parse_jobs(_environ(environ).get(DTENSOR_JOBS))
+
+
+def num_clients(environ: Mapping[str, str] | None = None) -> int:
+  """The number of clients: ``len(DTENSOR_JOBS)``, or 1 in local mode.
+
+  Raises:
+    ConfigError: If the legacy ``DTENSOR_NUM_CLIENTS`` is set and is not a
+      positive integer equal to that count.
+  """
+  env = _environ(environ)
+  job_list = parse_jobs(env.get(DTENSOR_JOBS))
+  count = len(job_list) or 1
+  raw_legacy = env.get(DTENSOR_NUM_CLIENTS)
+  if raw_legacy is not None and raw_legacy.strip():
+    legacy = parse_int(
+        DTENSOR_NUM_CLIENTS, raw_legacy,
+        hint=f"set it to the number of entries in {DTENSOR_JOBS}, or unset it.")
+    if legacy != count:
+      jobs_shown = repr(env.get(DTENSOR_JOBS)) if job_list else "unset (local mode)"
+      raise ConfigError(
+          f"{DTENSOR_NUM_CLIENTS}={raw_legacy!r} disagrees with {DTENSOR_JOBS}="
+          f"{jobs_shown}, which names {count} client(s). Make "
+          f"{DTENSOR_JOBS} list one host:port per client, and set "
+          f"{DTENSOR_NUM_CLIENTS} to that count or unset it.")
+  return count
+
+
+def client_id(environ: Mapping[str, str] | None = None) -> int:
+  """``DTENSOR_CLIENT_ID`` (default 0), checked against `num_clients`.
+
+  Raises:
+    ConfigError: If it is not an integer, or out of ``[0, num_clients)`` (the
+      range errors carry DTensor's exact messages).
+  """
+  env = _environ(environ)
+  raw = env.get(DTENSOR_CLIENT_ID, "0")
+  value = parse_int(
+      DTENSOR_CLIENT_ID, raw,
+      hint="set it to this process's index in DTENSOR_JOBS (0 for the first).")
+  if value < 0:
+    # DTensor-compatible message (trailing ". " is verbatim).
+    raise ConfigError(
+        f"Environment variable DTENSOR_CLIENT_ID must be >= 0, got {value}. ")
+  n = num_clients(env)
+  if value >= n:
+    # DTensor-compatible message.
+    raise ConfigError(
+        f"Environment variable DTENSOR_CLIENT_ID must be < {n}, got {value}")
+  return value
+
+
+def job_name(environ: Mapping[str, str] | None = None) -> str:
+  """``DTENSOR_JOB_NAME``; defaults to localhost (1 client) or worker.
+
+  Raises:
+    ConfigError: If it is not a TF job name (a letter, then letters, digits
+      or underscores), since it becomes part of every device string.
+  """
+  env = _environ(environ)
+  raw = env.get(DTENSOR_JOB_NAME)
+  if raw is None:
+    return "localhost" if num_clients(env) == 1 else "worker"
+  if not _JOB_NAME_RE.fullmatch(raw):
+    raise ConfigError(
+        f"{DTENSOR_JOB_NAME}={raw!r} is not a valid job name; use a letter "
+        "followed by letters, digits or '_' (e.g. 'worker'), or unset it.")
+  return raw
+
+
+def read_bool(name: str, default: bool,
+              environ: Mapping[str, str] | None = None) -> bool:
+  """Reads a boolean variable with `parse_bool`, or `default` when unset."""
+  raw = _environ(environ).get(name)
+  return default if raw is None else parse_bool(name, raw)
+
+
+@dataclass(frozen=True)
+class ClusterEnv:
+  """A validated snapshot of the cluster variables, taken once at init.
+
+  Attributes:
+    jobs: ``DTENSOR_JOBS`` entries (empty in local mode).
+    num_clients: Number of clients.
+    client_id: This process's client id.
+    job_name: The DTensor job name used in device strings.
+    heartbeat_enabled: ``DTENSOR_ENABLE_HEARTBEAT``.
+    gpu_use_nccl_communication: ``DTENSOR_GPU_USE_NCCL_COMMUNICATION``.
+  """
+
+  jobs: tuple[str, ...]
+  num_clients: int
+  client_id: int
+  job_name: str
+  heartbeat_enabled: bool
+  gpu_use_nccl_communication: bool
+
+  @property
+  def is_local_mode(self) -> bool:
+    return not self.jobs
+
+  @property
+  def coordinator_address(self) -> str | None:
+    return self.jobs[0] if self.jobs else None
+
+
+def read_cluster_env(environ: Mapping[str, str] | None = None) -> ClusterEnv:
+  """Reads and validates every cluster variable at once.
+
+  Raises:
+    ConfigError: For the first invalid variable found.
+  """
+  env = dict(_environ(environ))
+  return ClusterEnv(
+      jobs=tuple(jobs(env)),
+      num_clients=num_clients(env),
+      client_id=client_id(env),
+      job_name=job_name(env),
+      heartbeat_enabled=read_bool(DTENSOR_ENABLE_HEARTBEAT, True, env),
+      gpu_use_nccl_communication=read_bool(
+          DTENSOR_GPU_USE_NCCL_COMMUNICATION, False, env),
+  )

@@ -1,0 +1,90 @@
+"""Architecture rules: pure modules stay pure, config never starts a backend."""
+
+import ast
+import pathlib
+
+import pytest
+
+from tests.helpers import clean_env, run_python
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jdtensor"
+
+# Modules that must never import jax at module level (they may import it lazily
+# inside functions that are documented to touch the runtime).
+PURE_MODULES = ["_env", "errors", "device_spec", "layout", "config", "__init__",
+                "accelerator", "cli", "mesh_util", "runtime", "_interop"]
+
+
+def _top_level_imports(path):
+  tree = ast.parse(path.read_text())
+  names = []
+  for node in tree.body:
+    if isinstance(node, ast.Import):
+      names += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names.append(node.module)
+  return names
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_no_module_level_jax_import(module):
+  imports = _top_level_imports(PACKAGE / f"{module}.py")
+  assert not [i for i in imports if i == "jax" or i.startswith("jax.")], imports
+
+
+def test_only_runtime_touches_jax_config_and_distributed():
+  for path in PACKAGE.rglob("*.py"):
+    text = path.read_text()
+    if path.name != "runtime.py":
+      assert "jax.config.update" not in text, path
+      assert "jax.distributed" not in text, path
+
+
+@pytest.mark.subprocess
+def test_config_and_data_model_never_start_a_backend():
+  result = run_python("""
+      import sys
+      import jdtensor
+      from jdtensor import config
+      assert "jax" not in sys.modules, "import jdtensor imported jax"
+      import jax  # importing jax is fine; starting a backend is not
+      from jax._src import xla_bridge
+      for fn in (jdtensor.client_id, jdtensor.num_clients, jdtensor.job_name,
+                 jdtensor.full_job_name, jdtensor.jobs, jdtensor.heartbeat_enabled,
+                 jdtensor.preferred_device_type, config.is_local_mode,
+                 config.gpu_use_nccl_communication, config.use_multi_device_mode):
+        fn()
+      for t in ("CPU", "GPU", "TPU"):
+        jdtensor.local_devices(t); jdtensor.local_devices(t, for_client_id=1)
+        jdtensor.num_local_devices(t); jdtensor.num_global_devices(t)
+      assert jdtensor.num_local_devices("CPU") == 3
+      m = jdtensor.Mesh.from_string("|x=2|0,1|1|/job:worker/replica:0/task:1/device:CPU:0")
+      jdtensor.Layout.from_string("sharding_specs:x, mesh:" + m.to_string())
+      jdtensor.Layout.batch_sharded(m, "x", 2).local_shape_from_global_shape([4, 2])
+      for bad in ("garbage", "|x=2|0,1|0,1|CPU:0,CPU:1"):
+        try:
+          jdtensor.Mesh.from_string(bad)
+        except ValueError:
+          pass
+      assert not xla_bridge.backends_are_initialized(), "a backend was started"
+      print("PURE-OK")
+      """, env=clean_env(DTENSOR_JOBS="localhost:1,localhost:2",
+                         DTENSOR_CLIENT_ID="1", JAX_NUM_CPU_DEVICES="3"))
+  assert result.returncode == 0, result.stderr
+  assert "PURE-OK" in result.stdout
+
+
+@pytest.mark.subprocess
+def test_bad_env_errors_do_not_start_a_backend():
+  result = run_python("""
+      import jdtensor
+      from jax._src import xla_bridge
+      try:
+        jdtensor.initialize_accelerator_system()
+      except ValueError as e:
+        print("ERR", e)
+      assert not xla_bridge.backends_are_initialized()
+      """, env=clean_env(DTENSOR_CLIENT_ID="one"))
+  assert result.returncode == 0, result.stderr
+  assert ("ERR DTENSOR_CLIENT_ID='one' is not an integer; set it to this "
+          "process's index in DTENSOR_JOBS (0 for the first).") in result.stdout

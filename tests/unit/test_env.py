@@ -1,0 +1,180 @@
+"""DTENSOR_* parsing: DTensor's semantics and exact messages, minus its quirks."""
+
+import pytest
+
+from jdtensor import _env
+from jdtensor.errors import ConfigError
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("1", True), ("true", True), ("TRUE", True), ("Yes", True), (" yes ", True),
+    ("0", False), ("false", False), ("False", False), ("NO", False),
+])
+def test_parse_bool_accepts(raw, expected):
+  assert _env.parse_bool("DTENSOR_ENABLE_HEARTBEAT", raw) is expected
+
+
+@pytest.mark.parametrize("raw", ["", "2", "on", "off", "ture", "y", "1.0"])
+def test_parse_bool_rejects_with_name_and_value(raw):
+  with pytest.raises(ConfigError) as e:
+    _env.parse_bool("DTENSOR_ENABLE_HEARTBEAT", raw)
+  assert str(e.value) == (
+      f"DTENSOR_ENABLE_HEARTBEAT={raw!r} is not a boolean; use one of "
+      "true/false, 1/0 or yes/no (any case), or unset it for the default.")
+
+
+def test_read_bool_defaults_and_fixes_tf_quirks():
+  assert _env.read_bool("DTENSOR_ENABLE_HEARTBEAT", True, {}) is True
+  # TF: "yes" -> False; jdtensor: True.
+  assert _env.read_bool("DTENSOR_ENABLE_HEARTBEAT", True,
+                        {"DTENSOR_ENABLE_HEARTBEAT": "yes"}) is True
+  # TF: "false" -> True for the != "0" variables; jdtensor: False.
+  assert _env.read_bool("DTENSOR_GPU_USE_NCCL_COMMUNICATION", False,
+                        {"DTENSOR_GPU_USE_NCCL_COMMUNICATION": "false"}) is False
+
+
+@pytest.mark.parametrize("raw,expected", [
+    (None, []),
+    ("", []),
+    ("   ", []),
+    ("localhost:1000", ["localhost:1000"]),
+    ("localhost:1000,localhost:1001", ["localhost:1000", "localhost:1001"]),
+    (" a:1 , b:2 ", ["a:1", "b:2"]),
+    ("10.0.0.1:80,[::1]:81", ["10.0.0.1:80", "[::1]:81"]),
+    ("h:65535", ["h:65535"]),
+])
+def test_parse_jobs_valid(raw, expected):
+  assert _env.parse_jobs(raw) == expected
+
+
+def test_jobs_with_ip_port_are_not_sort_checked():
+  # DTensor's test_jobs_with_ip_port: descending ports are accepted as given.
+  raw = ",".join(f"localhost:{16 - i}" for i in range(16))
+  assert _env.parse_jobs(raw) == raw.split(",")
+
+
+def test_bns_jobs_sorted_numerically():
+  # DTensor's test_sort_jobs_with_bns_names.
+  names = [f"/bns/localhost/{i}" for i in range(16)]
+  assert _env.parse_jobs(",".join(names)) == names
+  ports = [f"/bns/localhost/{i}:8888" for i in range(16)]
+  assert _env.parse_jobs(",".join(ports)) == ports
+
+
+def test_bns_jobs_unsorted_gives_dtensor_message():
+  raw = ",".join(f"/bns/localhost/{100 - i}" for i in range(3))
+  with pytest.raises(ValueError) as e:
+    _env.parse_jobs(raw)
+  assert str(e.value) == (
+      f"Unexpected DTENSOR_JOBS content {raw}. Sort entries in DTENSOR_JOBS "
+      "because cluster construction relies on the order.")
+
+
+def test_bns_mixed_keys_is_a_clear_error_not_type_error():
+  with pytest.raises(ConfigError, match=r"DTENSOR_JOBS='/bns/a/1:p,host:2' mixes"):
+    _env.parse_jobs("/bns/a/1:p,host:2")
+
+
+@pytest.mark.parametrize("raw,problem", [
+    ("a:1,,a:2", "has an empty entry at position 1"),
+    ("a:1,a:2,", "has an empty entry at position 2"),
+    ("localhost", "entry 'localhost' is not of the form host:port"),
+    (":1000", "entry ':1000' is not of the form host:port"),
+    ("host:0", "entry 'host:0' has an invalid port '0' (expected 1..65535)"),
+    ("host:65536", "entry 'host:65536' has an invalid port '65536'"),
+    ("host:http", "entry 'host:http' has an invalid port 'http'"),
+    ("ho st:1", "entry 'ho st:1' has an invalid host 'ho st'"),
+    ("a:1,a:1", "lists 'a:1' twice (clients 0 and 1)"),
+])
+def test_parse_jobs_rejects(raw, problem):
+  with pytest.raises(ConfigError) as e:
+    _env.parse_jobs(raw)
+  assert str(e.value).startswith(f"DTENSOR_JOBS={raw!r}")
+  assert problem in str(e.value)
+
+
+def test_num_clients_counts_jobs():
+  assert _env.num_clients({}) == 1
+  assert _env.num_clients({"DTENSOR_JOBS": "a:1,a:2,a:3"}) == 3
+
+
+def test_legacy_num_clients_accepted_when_consistent():
+  assert _env.num_clients({"DTENSOR_JOBS": "a:1,a:2",
+                           "DTENSOR_NUM_CLIENTS": "2"}) == 2
+  assert _env.num_clients({"DTENSOR_NUM_CLIENTS": "1"}) == 1
+
+
+def test_legacy_num_clients_disagreeing_names_both():
+  with pytest.raises(ConfigError) as e:
+    _env.num_clients({"DTENSOR_JOBS": "a:1,a:2", "DTENSOR_NUM_CLIENTS": "4"})
+  assert str(e.value) == (
+      "DTENSOR_NUM_CLIENTS='4' disagrees with DTENSOR_JOBS='a:1,a:2', which "
+      "names 2 client(s). Make DTENSOR_JOBS list one host:port per client, and "
+      "set DTENSOR_NUM_CLIENTS to that count or unset it.")
+  with pytest.raises(ConfigError, match=r"DTENSOR_NUM_CLIENTS='4' disagrees "
+                     r"with DTENSOR_JOBS=unset \(local mode\)"):
+    _env.num_clients({"DTENSOR_NUM_CLIENTS": "4"})
+
+
+def test_legacy_num_clients_not_an_int():
+  with pytest.raises(ConfigError, match=r"^DTENSOR_NUM_CLIENTS='two' is not an "
+                     "integer; set it to the number of entries in DTENSOR_JOBS"):
+    _env.num_clients({"DTENSOR_NUM_CLIENTS": "two"})
+
+
+def test_client_id_default_and_value():
+  assert _env.client_id({}) == 0
+  assert _env.client_id({"DTENSOR_JOBS": "a:1,a:2", "DTENSOR_CLIENT_ID": "1"}) == 1
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"DTENSOR_JOBS": "a:1,a:2", "DTENSOR_CLIENT_ID": "2"},
+     "Environment variable DTENSOR_CLIENT_ID must be < 2, got 2"),
+    ({"DTENSOR_JOBS": "a:1,a:2", "DTENSOR_CLIENT_ID": "-1"},
+     "Environment variable DTENSOR_CLIENT_ID must be >= 0, got -1. "),
+    ({"DTENSOR_CLIENT_ID": "1"},
+     "Environment variable DTENSOR_CLIENT_ID must be < 1, got 1"),
+])
+def test_client_id_range_dtensor_messages(env, message):
+  with pytest.raises(ValueError) as e:
+    _env.client_id(env)
+  assert str(e.value) == message
+
+
+@pytest.mark.parametrize("raw", ["one", "", "1.0", "0x1", "1_0", " "])
+def test_client_id_not_an_integer(raw):
+  with pytest.raises(ConfigError) as e:
+    _env.client_id({"DTENSOR_CLIENT_ID": raw})
+  assert str(e.value) == (
+      f"DTENSOR_CLIENT_ID={raw!r} is not an integer; set it to this process's "
+      "index in DTENSOR_JOBS (0 for the first).")
+
+
+def test_job_name_defaults_and_validation():
+  assert _env.job_name({}) == "localhost"
+  assert _env.job_name({"DTENSOR_JOBS": "a:1,a:2"}) == "worker"
+  assert _env.job_name({"DTENSOR_JOB_NAME": "trainer"}) == "trainer"
+  for bad in ("", "1abc", "a/b", "a:b", "a b"):
+    with pytest.raises(ConfigError, match=r"^DTENSOR_JOB_NAME=.* is not a valid "
+                       "job name"):
+      _env.job_name({"DTENSOR_JOB_NAME": bad})
+
+
+def test_read_cluster_env_snapshot():
+  env = _env.read_cluster_env({"DTENSOR_JOBS": "h:5,h:6", "DTENSOR_CLIENT_ID": "1",
+                               "DTENSOR_ENABLE_HEARTBEAT": "no"})
+  assert env == _env.ClusterEnv(jobs=("h:5", "h:6"), num_clients=2, client_id=1,
+                                job_name="worker", heartbeat_enabled=False,
+                                gpu_use_nccl_communication=False)
+  assert env.coordinator_address == "h:5" and not env.is_local_mode
+  assert _env.read_cluster_env({}).is_local_mode
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "abc", "inf", "nan", ""])
+def test_parse_positive_float_rejects(raw):
+  with pytest.raises(ConfigError, match=r"^JDTENSOR_INIT_TIMEOUT="):
+    _env.parse_positive_float("JDTENSOR_INIT_TIMEOUT", raw)
+
+
+def test_parse_positive_float_accepts():
+  assert _env.parse_positive_float("X", " 2.5 ") == 2.5
