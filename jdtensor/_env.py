@@ -56,6 +56,8 @@ __all__ = [
     "job_name",
     "read_bool",
     "read_cluster_env",
+    "Timeouts",
+    "read_timeouts",
 ]
 
 # DTensor's own variables (TF names, read by TF DTensor too).
@@ -343,3 +345,44 @@ def read_cluster_env(environ: Mapping[str, str] | None = None) -> ClusterEnv:
       gpu_use_nccl_communication=read_bool(
           DTENSOR_GPU_USE_NCCL_COMMUNICATION, False, env),
   )
+
+
+@dataclass(frozen=True)
+class Timeouts:
+  """Multi-client start-up and runtime time-outs, in seconds.
+
+  Attributes:
+    init: Start-up in all: the rendezvous and JAX's registration
+      (``JDTENSOR_INIT_TIMEOUT``, default 120).
+    heartbeat: How long JAX's coordination service waits for a silent client
+      before declaring it dead (``JDTENSOR_HEARTBEAT_TIMEOUT``, default 100,
+      JAX's default).
+    shutdown: How long the shutdown barrier at exit waits for the other
+      clients (``JDTENSOR_SHUTDOWN_TIMEOUT``, default 60).
+  """
+  init: float = 120.0
+  heartbeat: float = 100.0
+  shutdown: float = 60.0
+
+
+def read_timeouts(environ: Mapping[str, str] | None = None, *,
+                  init: float | None = None, heartbeat: float | None = None,
+                  shutdown: float | None = None) -> Timeouts:
+  """Time-outs: explicit arguments win over the variables, then defaults.
+
+  Raises:
+    ConfigError: For a variable or argument that is not a number > 0.
+  """
+  env = _environ(environ)
+  defaults = Timeouts()
+  values = {}
+  for field_name, var, arg in (("init", JDTENSOR_INIT_TIMEOUT, init),
+                               ("heartbeat", JDTENSOR_HEARTBEAT_TIMEOUT, heartbeat),
+                               ("shutdown", JDTENSOR_SHUTDOWN_TIMEOUT, shutdown)):
+    if arg is not None:
+      values[field_name] = parse_positive_float(f"{field_name}_timeout", str(arg))
+    elif env.get(var) is not None:
+      values[field_name] = parse_positive_float(var, env[var])
+    else:
+      values[field_name] = getattr(defaults, field_name)
+  return Timeouts(**values)

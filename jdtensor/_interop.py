@@ -75,6 +75,12 @@ def _mesh_devices(mesh: Mesh) -> list[Any]:
   return out
 
 
+# The jdtensor Mesh each JAX mesh was built from, so that a sharding's layout
+# comes back with its DTensor mesh (name included). A cache, not runtime state.
+_ORIGIN: dict[Any, Mesh] = {}
+_ORIGIN_LIMIT = 4096
+
+
 def to_jax_mesh(mesh: Mesh, axis_types: Any = None) -> Any:
   """Builds the ``jax.sharding.Mesh`` for `mesh` (axis types default to Auto)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -95,8 +101,11 @@ def to_jax_mesh(mesh: Mesh, axis_types: Any = None) -> Any:
     axis_types = (jax.sharding.AxisType.Auto,) * len(names)
   array = np.empty(len(devices), dtype=object)
   array[:] = devices
-  return jax.sharding.Mesh(array.reshape(mesh.shape()), tuple(names),
-                           axis_types=tuple(axis_types))
+  jax_mesh = jax.sharding.Mesh(array.reshape(mesh.shape()), tuple(names),
+                               axis_types=tuple(axis_types))
+  if len(_ORIGIN) < _ORIGIN_LIMIT:
+    _ORIGIN.setdefault(jax_mesh, mesh)
+  return jax_mesh
 
 
 def from_jax_mesh(jax_mesh: Any, mesh_name: str = "",
@@ -178,5 +187,5 @@ def layout_from_jax_sharding(sharding: Any, rank: int | None,
                        f"tensor axis {axis} has no DTensor equivalent.")
   specs += [UNSHARDED] * (rank - len(specs))
   if mesh is None:
-    mesh = Mesh.from_jax_mesh(sharding.mesh)
+    mesh = _ORIGIN.get(sharding.mesh) or Mesh.from_jax_mesh(sharding.mesh)
   return Layout(specs, mesh)

@@ -4,18 +4,34 @@ Environment variables read at initialisation (all parsed strictly):
 
 * ``DTENSOR_JOBS``: comma-separated ``host:port`` per client, in client order.
   Unset or empty: local (single-client) mode. The first entry is the JAX
-  coordinator's address.
+  coordinator's address; the other entries' ports are not used by JAX (its
+  clients need no server port; gloo picks its own ports).
 * ``DTENSOR_CLIENT_ID``: this client's index in ``DTENSOR_JOBS`` (default 0).
 * ``DTENSOR_JOB_NAME``: job name in device strings (default ``localhost`` for
   one client, ``worker`` otherwise).
 * ``DTENSOR_NUM_CLIENTS`` (legacy): if set, must equal ``len(DTENSOR_JOBS)``.
 * ``DTENSOR_ENABLE_HEARTBEAT``: start the heartbeat in multi-client runs
   (default true).
+* ``JDTENSOR_INIT_TIMEOUT`` (default 120 s), ``JDTENSOR_HEARTBEAT_TIMEOUT``
+  (100 s), ``JDTENSOR_SHUTDOWN_TIMEOUT`` (60 s): see `initialize_accelerator_system`.
+* ``JDTENSOR_COORDINATOR_BIND_ADDRESS``: where client 0's coordinator listens
+  (default: the host of ``DTENSOR_JOBS[0]``; loopback for ``localhost``).
+
+Mapping of TF concepts that JAX does not have:
+
+* The *collective leader* (``/job:worker/replica:0/task:0``) is the JAX
+  coordinator, which always runs in client 0 at ``DTENSOR_JOBS[0]``.
+* TF's per-client gRPC *server port* (``DTENSOR_JOBS[i]`` for i > 0, or the
+  ``port`` argument) has no JAX counterpart and is not used.
+* ``enable_coordination_service``: JAX always runs its coordination service.
 """
 
 from __future__ import annotations
 
-from jdtensor import runtime
+import os
+
+from jdtensor import _env, runtime
+from jdtensor.errors import ConfigError
 
 __all__ = [
     "initialize_accelerator_system",
@@ -24,6 +40,8 @@ __all__ = [
     "shutdown_accelerator_system",
     "shutdown_tpu_system",
     "is_initialized",
+    "dtensor_initialize_multi_client",
+    "initialize_multi_client_cluster",
 ]
 
 
@@ -33,45 +51,77 @@ def initialize_accelerator_system(
     num_logical_cpu_devices: int | None = None,
     experimental_reset_context: bool | None = False,
     experimental_enable_megcore: bool | None = False,
+    *,
+    init_timeout: float | None = None,
+    heartbeat_timeout: float | None = None,
+    shutdown_timeout: float | None = None,
+    coordinator_bind_address: str | None = None,
 ) -> str:
   """Initialises the accelerator system (DTensor semantics, JAX underneath).
 
-  Must run before any JAX call that starts the backend, since the simulated
-  CPU device count can only be set before that.
+  In a multi-client run (``DTENSOR_JOBS`` lists several clients) this meets
+  every client at ``DTENSOR_JOBS[0]`` and calls ``jax.distributed.initialize``
+  with ``num_processes = len(DTENSOR_JOBS)``, ``process_id =
+  DTENSOR_CLIENT_ID``, cluster auto-detection off and the coordinator bound
+  to ``DTENSOR_JOBS[0]``'s host. Start-up failures (port taken, coordinator
+  never up, a client missing, inconsistent clusters) raise `StartupError` /
+  `StartupTimeoutError` instead of aborting the process.
+
+  Must run before any JAX call that starts the backend, since the CPU device
+  count and the distributed runtime can only be set before that.
 
   Args:
     device_type: CPU, GPU or TPU (any case); defaults to
       `jdtensor.preferred_device_type()`.
-    enable_coordination_service: Kept for DTensor compatibility; JAX's
-      multi-client runtime always uses its coordination service.
+    enable_coordination_service: Kept for DTensor compatibility; JAX always
+      uses its coordination service.
     num_logical_cpu_devices: Number of CPU devices for this client (JAX's
       ``jax_num_cpu_devices``). For GPU/TPU it defaults to at least the
       accelerator count, as in DTensor.
     experimental_reset_context: JAX cannot reset a running backend; with
       True, a running backend is kept (with DTensor's warning) instead of
-      being an error.
+      being an error (single-client only).
     experimental_enable_megcore: TPU megacore (used by the TPU system).
+    init_timeout: Seconds for the whole multi-client start-up
+      (``JDTENSOR_INIT_TIMEOUT``, default 120).
+    heartbeat_timeout: Seconds JAX's coordination service waits for a silent
+      client before declaring it dead (``JDTENSOR_HEARTBEAT_TIMEOUT``, 100).
+    shutdown_timeout: Seconds the exit barrier waits for the other clients
+      (``JDTENSOR_SHUTDOWN_TIMEOUT``, 60).
+    coordinator_bind_address: Host (or host:port) client 0's coordinator
+      listens on (``JDTENSOR_COORDINATOR_BIND_ADDRESS``). The coordination
+      service has no authentication: widen this (e.g. ``0.0.0.0``) only on a
+      trusted network.
 
   Returns:
     The initialised device type, upper-case.
 
   Raises:
     ValueError: DTensor's errors (already initialised, unknown device type,
-      too few logical CPUs) and any invalid DTENSOR_* variable.
+      too few logical CPUs) and any invalid DTENSOR_*/JDTENSOR_* variable.
+    StartupError: Multi-client start-up failed (see above).
     RuntimeError: If a running JAX backend prevents the requested set-up.
   """
   del enable_coordination_service, experimental_enable_megcore  # See above.
   return runtime.initialize(
       device_type=device_type,
       num_logical_cpu_devices=num_logical_cpu_devices,
-      experimental_reset_context=bool(experimental_reset_context))
+      experimental_reset_context=bool(experimental_reset_context),
+      init_timeout=init_timeout, heartbeat_timeout=heartbeat_timeout,
+      shutdown_timeout=shutdown_timeout,
+      coordinator_bind_address=coordinator_bind_address)
 
 
 def shutdown_accelerator_system() -> None:
   """Shuts the accelerator system down (DTensor semantics).
 
+  Multi-client runs cannot be shut down (as in DTensor; JAX shuts its
+  distributed runtime down at exit with a barrier bounded by the shutdown
+  timeout).
+
   Raises:
-    ValueError: DTensor's message if it is not initialised.
+    ValueError: DTensor's messages if it is not initialised, or in a
+      multi-client run.
   """
   runtime.shutdown()
 
@@ -85,3 +135,98 @@ def is_initialized() -> bool:
 initialize_multi_client = initialize_accelerator_system
 initialize_tpu_system = initialize_accelerator_system
 shutdown_tpu_system = shutdown_accelerator_system
+
+
+def _legacy_num_clients() -> int | None:
+  raw = os.environ.get(_env.DTENSOR_NUM_CLIENTS)
+  if raw is None or not raw.strip():
+    return None
+  return _env.parse_int(_env.DTENSOR_NUM_CLIENTS, raw,
+                        hint="set it to the number of clients.")
+
+
+def dtensor_initialize_multi_client(
+    enable_coordination_service: bool | None = False) -> None:
+  """The seed's ``dtensor_initialize_multi_client`` (TF 2.9/2.10).
+
+  Multi-client mode when ``DTENSOR_JOB_NAME`` is not ``localhost`` (2.9) or
+  when there is more than one client (2.10). As in 2.9, a
+  ``DTENSOR_NUM_CLIENTS`` other than 1 with job name ``localhost`` is an
+  error. Initialises the preferred device type.
+
+  Raises:
+    ValueError: The seed's messages, and any invalid DTENSOR_* variable.
+  """
+  legacy = _legacy_num_clients()
+  name = os.environ.get(_env.DTENSOR_JOB_NAME, "localhost")
+  if name == "localhost" and legacy is not None and legacy != 1:
+    # Seed-compatible message (TF 2.9).
+    raise ValueError("DTENSOR_NUM_CLIENTS is set and not 1, while "
+                     "DTENSOR_JOB_NAME is set to localhost for single client "
+                     "mode.")
+  if name != "localhost" or _env.num_clients() > 1:
+    initialize_multi_client_cluster(
+        job_name=_env.job_name(), dtensor_jobs=_env.jobs(),
+        client_id=_env.client_id(),
+        collective_leader=f"{_env.job_name()}/replica:0/task:0",
+        enable_coordination_service=enable_coordination_service)
+  else:
+    initialize_accelerator_system()
+
+
+def initialize_multi_client_cluster(job_name: str,
+                                    dtensor_jobs: list[str],
+                                    client_id: int,
+                                    collective_leader: str,
+                                    port: int | None = None,
+                                    enable_coordination_service: bool = False
+                                    ) -> None:
+  """The seed's ``initialize_multi_client_cluster`` (TF 2.10), on JAX.
+
+  Args:
+    job_name: Job name of every client.
+    dtensor_jobs: ``host:port`` of every client; the first is the JAX
+      coordinator.
+    client_id: This client's id.
+    collective_leader: Must name task 0 (the JAX coordinator), with or without
+      the ``/job:`` prefix.
+    port: TF's gRPC server port of this client; JAX has none, so it is not
+      used.
+    enable_coordination_service: Kept for compatibility (always on in JAX).
+
+  Raises:
+    ValueError: The seed's messages, in the seed's order, then bad arguments.
+  """
+  del port, enable_coordination_service  # No JAX counterpart (module docstring).
+  # Seed-compatible checks and messages (TF 2.10 multi_client_util).
+  if runtime.is_initialized():
+    raise ValueError("Multi-client mode has already been initialized.")
+  legacy = _legacy_num_clients()
+  n = legacy if legacy is not None else len(dtensor_jobs)
+  if n <= 1:
+    raise ValueError("DTENSOR_NUM_CLIENTS must be set greater than 1 for "
+                     "multi-client mode.")
+  if not dtensor_jobs or len(dtensor_jobs) <= 1:
+    raise ValueError("DTENSOR_JOBS environment variable is required when using "
+                     "multi-client mode to properly set up communications "
+                     "between servers.")
+  if len(dtensor_jobs) != n:
+    raise ValueError("DTENSOR_JOBS environment variable must be configured with "
+                     "the same number of items as DTENSOR_NUM_CLIENTS.")
+  jobs = _env.parse_jobs(",".join(dtensor_jobs))
+  leader = collective_leader.removeprefix("/job:")
+  if leader not in (f"{job_name}/replica:0/task:0", f"{job_name}/task:0"):
+    raise ConfigError(
+        f"collective_leader={collective_leader!r}: in jdtensor the collective "
+        f"leader is the JAX coordinator, task 0 ('/job:{job_name}/replica:0/"
+        "task:0').")
+  if not isinstance(client_id, int) or not 0 <= client_id < len(jobs):
+    raise ConfigError(f"client_id={client_id!r} must be an int in "
+                      f"[0, {len(jobs)}).")
+  _env.job_name({_env.DTENSOR_JOB_NAME: job_name})  # Validates the name.
+  cluster = _env.ClusterEnv(
+      jobs=tuple(jobs), num_clients=len(jobs), client_id=client_id,
+      job_name=job_name, heartbeat_enabled=_env.read_bool(
+          _env.DTENSOR_ENABLE_HEARTBEAT, True),
+      gpu_use_nccl_communication=False)
+  runtime.initialize(cluster=cluster)

@@ -1,4 +1,13 @@
-"""The ``jdtensor`` command line (also ``python -m jdtensor``)."""
+"""The ``jdtensor`` command line (also ``python -m jdtensor``).
+
+Commands:
+
+* ``jdtensor launch [-n N] [--devices-per-client M] [--device-type CPU]
+  [--port P] [--timeout S] [--grace S] [--] cmd args...``: run N local clients
+  (see `jdtensor.launcher`).
+* ``jdtensor demo [--steps K]``: 4 clients x 2 simulated CPU devices train a
+  data + model parallel MLP on a (batch=4, model=2) distributed mesh.
+"""
 
 from __future__ import annotations
 
@@ -7,32 +16,100 @@ import sys
 
 __all__ = ["main", "get_parser"]
 
+_DEMO_CLIENTS, _DEMO_DEVICES = 4, 2
+
+
+def _positive_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+  return value
+
+
+def _positive_float(text: str) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
+  if not value > 0:
+    raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+  return value
+
 
 def get_parser() -> argparse.ArgumentParser:
   """The argument parser of the ``jdtensor`` command."""
   parser = argparse.ArgumentParser(
-      prog="jdtensor",
-      description="TF DTensor's multi-client runtime on JAX.")
+      prog="jdtensor", description="TF DTensor's multi-client runtime on JAX.")
   commands = parser.add_subparsers(dest="command", required=True)
+
+  launch = commands.add_parser(
+      "launch", help="run N local DTensor clients of a command",
+      description="Run N local clients with DTENSOR_* set; stop all when one "
+      "fails. Example: jdtensor launch -n 4 --devices-per-client 2 -- python train.py")
+  launch.add_argument("-n", "--num-clients", type=_positive_int, default=2,
+                      help="number of clients (default 2)")
+  launch.add_argument("--devices-per-client", type=_positive_int, default=1,
+                      help="simulated CPU devices per client (default 1)")
+  launch.add_argument("--device-type", default="CPU", type=str.upper,
+                      choices=["CPU", "GPU", "TPU"], help="default CPU")
+  launch.add_argument("--port", type=_positive_int, default=None,
+                      help="first port; client k uses port+k (default: free ports)")
+  launch.add_argument("--timeout", type=_positive_float, default=None,
+                      help="stop every client after this many seconds")
+  launch.add_argument("--grace", type=_positive_float, default=5.0,
+                      help="seconds between SIGTERM and SIGKILL (default 5)")
+  launch.add_argument("cmd", nargs=argparse.REMAINDER,
+                      help="the command each client runs (after --)")
+
   demo = commands.add_parser(
-      "demo", help="train a small data+model parallel MLP on a DTensor mesh")
-  demo.add_argument("--steps", type=int, default=30,
+      "demo", help="train a data+model parallel MLP on 4 clients x 2 CPU devices")
+  demo.add_argument("--steps", type=_positive_int, default=30,
                     help="training steps (default 30)")
+  demo.add_argument("--timeout", type=_positive_float, default=300.0,
+                    help="stop the clients after this many seconds (default 300)")
+  client = commands.add_parser("demo-client", help=argparse.SUPPRESS)
+  client.add_argument("--steps", type=_positive_int, default=30)
   return parser
 
 
-def _demo(args: argparse.Namespace) -> int:
-  from jdtensor import demo  # pylint: disable=g-import-not-at-top
-  if args.steps < 1:
-    print(f"jdtensor demo: --steps must be >= 1, got {args.steps}",
-          file=sys.stderr)
+def _launch(args: argparse.Namespace) -> int:
+  from jdtensor import launcher  # pylint: disable=g-import-not-at-top
+  cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+  if not cmd:
+    print("jdtensor launch: give the command each client runs, e.g. "
+          "`jdtensor launch -n 2 -- python train.py`", file=sys.stderr)
     return 2
-  ok = demo.report(demo.run_demo(args.steps))
-  print("OK" if ok else "FAILED")
-  return 0 if ok else 1
+  spec = launcher.LaunchSpec(
+      command=tuple(cmd), num_clients=args.num_clients,
+      devices_per_client=args.devices_per_client, device_type=args.device_type,
+      port=args.port, timeout=args.timeout, grace=args.grace)
+  return launcher.launch(spec).exit_code
+
+
+def _demo(args: argparse.Namespace) -> int:
+  from jdtensor import launcher  # pylint: disable=g-import-not-at-top
+  print(f"jdtensor demo: {_DEMO_CLIENTS} clients x {_DEMO_DEVICES} CPU devices, "
+        "mesh batch=4 x model=2", flush=True)
+  spec = launcher.LaunchSpec(
+      command=(sys.executable, "-m", "jdtensor", "demo-client", "--steps",
+               str(args.steps)),
+      num_clients=_DEMO_CLIENTS, devices_per_client=_DEMO_DEVICES,
+      timeout=args.timeout)
+  result = launcher.launch(spec)
+  print("OK" if result.exit_code == 0 else "FAILED", flush=True)
+  return result.exit_code
+
+
+def _demo_client(args: argparse.Namespace) -> int:
+  from jdtensor import demo  # pylint: disable=g-import-not-at-top
+  return 0 if demo.report(demo.run_demo_client(args.steps)) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
   """Runs the command; returns the exit code."""
   args = get_parser().parse_args(argv)
-  return {"demo": _demo}[args.command](args)
+  return {"launch": _launch, "demo": _demo,
+          "demo-client": _demo_client}[args.command](args)

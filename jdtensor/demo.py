@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DemoResult", "run_demo", "train"]
+__all__ = ["DemoResult", "run_demo_client", "train", "report"]
 
 _IN, _HIDDEN, _OUT, _BATCH = 16, 32, 4, 32
 _LEARNING_RATE = 0.1
@@ -98,7 +98,8 @@ def train(mesh, steps: int) -> tuple[list[float], list[float], float]:
   for _ in range(steps):
     start = time.perf_counter()
     sharded, loss = step(sharded, xs, ys)
-    losses.append(float(loss))  # Blocks until the step is done.
+    # The loss is replicated on every device; read this client's copy.
+    losses.append(float(np.asarray(loss.addressable_data(0))))
     times.append(time.perf_counter() - start)
 
   device = jax.local_devices()[0]
@@ -112,17 +113,15 @@ def train(mesh, steps: int) -> tuple[list[float], list[float], float]:
   return losses, reference, float(np.median(times[1:] or times))
 
 
-def run_demo(steps: int = 30) -> DemoResult:
-  """Initialises jdtensor, builds a (batch=4, model=2) mesh and trains on it.
-
-  Single-client: 8 simulated CPU devices in this process.
-  """
+def run_demo_client(steps: int = 30) -> DemoResult:
+  """One client of `jdtensor demo` (started by the launcher with DTENSOR_*)."""
   import jdtensor  # pylint: disable=g-import-not-at-top
   from jdtensor import runtime  # pylint: disable=g-import-not-at-top
 
-  jdtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=8)
-  mesh = jdtensor.create_mesh([("batch", 4), ("model", 2)], device_type="CPU")
+  jdtensor.initialize_accelerator_system("CPU")
+  mesh = jdtensor.create_distributed_mesh([("batch", 4), ("model", 2)])
   losses, reference, step_seconds = train(mesh, steps)
+  jdtensor.barrier(mesh, "demo-end", timeout_in_ms=60_000)
   return DemoResult(mesh.to_string(), losses, reference,
                     runtime.state().init_seconds, step_seconds)
 

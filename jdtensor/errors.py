@@ -15,6 +15,7 @@ __all__ = [
     "AlreadyInitializedError",
     "StartupError",
     "StartupTimeoutError",
+    "BarrierTimeoutError",
 ]
 
 
@@ -49,3 +50,7 @@ class StartupError(JDTensorError, OSError):
 
 class StartupTimeoutError(StartupError, TimeoutError):
     """The coordinator did not become reachable within the start-up timeout."""
+
+
+class BarrierTimeoutError(JDTensorError, TimeoutError):
+  """Not every client reached a `barrier` within its time-out."""

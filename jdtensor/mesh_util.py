@@ -9,11 +9,11 @@ from typing import Union
 import numpy as np
 from absl import logging
 
-from jdtensor import _interop, config
+from jdtensor import _env, _interop, config, runtime
 from jdtensor.device_spec import DeviceSpec
 from jdtensor.layout import Mesh
 
-__all__ = ["create_mesh", "MeshDims"]
+__all__ = ["create_mesh", "create_distributed_mesh", "barrier", "MeshDims"]
 
 MeshDims = Union[Sequence[tuple[str, int]], Mapping[str, int]]
 
@@ -108,6 +108,12 @@ def _check_devices_exist(mesh: Mesh) -> None:
     _interop.resolve_device(device)
 
 
+def _cluster() -> _env.ClusterEnv:
+  """The cluster as initialised, else as the environment describes it now."""
+  env = runtime.state().env
+  return env if env is not None else _env.read_cluster_env()
+
+
 def create_mesh(mesh_dims: MeshDims | None = None,
                 mesh_name: str = "",
                 devices: Sequence[DeviceSpec | str] | None = None,
@@ -153,3 +159,203 @@ def create_mesh(mesh_dims: MeshDims | None = None,
   _check_devices_exist(mesh)
   _print_context(len(specs), 1, 0, device_type, mesh)
   return mesh
+
+
+_TPU_ARG_MESSAGE = (
+    "Do not specify {arg} for TPU meshes. It will be filled in automatically "
+    "from environmental variables.See api.py for the list of environmental "
+    "variables for DTensor.")
+
+
+def create_distributed_mesh(mesh_dims: MeshDims,
+                            mesh_name: str = "",
+                            local_devices: Sequence[DeviceSpec | str] | int | None = None,
+                            device_type: str | None = None,
+                            use_xla_spmd: bool = False,
+                            *,
+                            num_global_devices: int | None = None,
+                            num_clients: int | None = None,
+                            client_id: int | None = None) -> Mesh:
+  """Creates a mesh spanning every client (DTensor's ``create_distributed_mesh``).
+
+  Global ids are ``arange(N).reshape(shape)``; client k owns the row-major
+  slice ``[k*L, (k+1)*L)`` of them, where L is the number of local devices.
+  ``mesh.jax_mesh`` spans every client's devices in that order.
+
+  Two signatures, as in the seed:
+
+  * current (TF 2.15+): ``(mesh_dims, mesh_name, local_devices, device_type,
+    use_xla_spmd)``;
+  * legacy (TF 2.9/2.10): ``(mesh_dims, mesh_name, num_global_devices,
+    num_clients, client_id, device_type='CPU')``, used when any of
+    `num_global_devices`, `num_clients`, `client_id` is given (or an int is
+    passed third, positionally).
+
+  Args:
+    mesh_dims: ``[(name, size), ...]`` or ``{name: size}``.
+    mesh_name: Name of the mesh.
+    local_devices: This client's devices (``'CPU:0'`` strings, full specs or
+      DeviceSpecs); default: all of them. Fewer than available is fine.
+    device_type: CPU, GPU or TPU; defaults to the type of `local_devices`,
+      else CPU.
+    use_xla_spmd: Use XLA SPMD (TPU only).
+    num_global_devices: Legacy: total devices.
+    num_clients: Legacy: number of clients.
+    client_id: Legacy: the client to build the mesh for.
+
+  Returns:
+    This client's view of the mesh.
+
+  Raises:
+    ValueError: DTensor's errors, in DTensor's order and with its messages.
+  """
+  if isinstance(local_devices, int) and not isinstance(local_devices, bool):
+    num_global_devices, local_devices = local_devices, None
+  if (num_global_devices is not None or num_clients is not None or
+      client_id is not None):
+    return _create_distributed_mesh_legacy(
+        mesh_dims, mesh_name, num_global_devices, num_clients, client_id,
+        device_type or "CPU")
+  dim_names, shape = _normalize_mesh_dims(mesh_dims)
+  if not runtime.is_initialized():
+    # DTensor-compatible message.
+    raise ValueError("Accelerators are uninitialized, please run "
+                     "dtensor.initialize_accelerator_system() first.")
+  if device_type and device_type.upper() == "TPU" and local_devices is not None:
+    # DTensor-compatible message.
+    raise ValueError("Do not specify devices for TPU meshes. Using a partial "
+                     "list of devices for TPU is not supported.")
+  specs, device_type = _make_device_specs(local_devices, device_type)
+  if device_type in ("CPU", "GPU"):
+    cluster = _cluster()
+    base = DeviceSpec(job=cluster.job_name, replica=0, task=cluster.client_id)
+    specs = [base.make_merged_spec(d) for d in specs]
+    return _distributed_mesh(dim_names, shape, specs, cluster.num_clients,
+                             cluster.client_id, mesh_name, use_xla_spmd,
+                             tuple_shape=True)
+  if device_type == "TPU":
+    raise NotImplementedError("TPU meshes arrive with the TPU system.")
+  # DTensor-compatible message.
+  raise ValueError(f"Device type {device_type} is not CPU, GPU or TPU")
+
+
+def _distributed_mesh(dim_names: list[str], shape: list[int],
+                      specs: list[DeviceSpec], num_clients: int, client_id: int,
+                      mesh_name: str, use_xla_spmd: bool, tuple_shape: bool
+                      ) -> Mesh:
+  """The one place that lays out dense ids over clients."""
+  num_global = len(specs) * num_clients
+  if int(np.prod(shape)) != num_global:
+    # DTensor-compatible message (shape printed as a tuple).
+    raise ValueError(
+        f"Global number of devices ({len(specs)} per client * {num_clients} "
+        f"clients = {num_global}) must be equal to total size of the mesh of "
+        f"shape {tuple(shape) if tuple_shape else shape}")
+  global_ids = np.arange(num_global).reshape(shape)
+  start = len(specs) * client_id
+  local_ids = np.ravel(global_ids)[start:start + len(specs)].tolist()
+  mesh = Mesh(dim_names=dim_names, global_device_ids=global_ids,
+              local_device_ids=local_ids, local_devices=specs,
+              mesh_name=mesh_name, use_xla_spmd=use_xla_spmd)
+  if runtime.is_initialized() and client_id == runtime.state().env.client_id:
+    _check_devices_exist(mesh)
+  _print_context(num_global, num_clients, client_id, specs[0].device_type or "",
+                 mesh)
+  return mesh
+
+
+def _create_distributed_mesh_legacy(mesh_dims: MeshDims, mesh_name: str,
+                                    num_global_devices: int | None,
+                                    num_clients: int | None,
+                                    client_id: int | None,
+                                    device_type: str) -> Mesh:
+  """The seed's TF 2.9 keyword form, with its checks in its order."""
+  dim_names, shape = _normalize_mesh_dims(mesh_dims)
+  shape_tuple = tuple(shape)
+  if device_type.upper() in ("CPU", "GPU"):
+    device_type = device_type.upper()
+    if num_global_devices is None:
+      num_global_devices = config.num_global_devices(device_type)
+    # Seed-compatible messages from here on.
+    if num_global_devices <= 0:
+      raise ValueError(f"num_global_devices ({num_global_devices}) must be > 0")
+    if num_global_devices != int(np.prod(shape)):
+      raise ValueError(f"num_global_devices ({num_global_devices}) must be "
+                       f"equal to total size of the mesh of shape {shape_tuple}")
+    if num_clients is None:
+      num_clients = config.num_clients()
+    if num_clients <= 0:
+      raise ValueError(f"num_clients ({num_clients}) must be > 0")
+    if num_clients > 1 and not runtime.is_initialized():
+      raise ValueError("Invalid multi-client topology, run "
+                       "dtensor.initialize_multi_client() first")
+    if client_id is None:
+      client_id = config.client_id()
+    if client_id < 0:
+      raise ValueError(f"client_id ({client_id}) must be >= 0")
+    if client_id >= num_clients:
+      raise ValueError(f"client_id ({client_id}) must be < {num_clients}")
+    if num_global_devices % num_clients != 0:
+      raise ValueError(f"num_global_devices ({num_global_devices}) must be "
+                       f"divisible by num_clients ({num_clients})")
+    num_local = num_global_devices // num_clients
+    available = config.num_local_devices(device_type)
+    if num_local > available:
+      raise ValueError(f"Not enough devices; {num_local} needed, only "
+                       f"{available} available")
+    specs = config.local_devices(device_type, client_id)[:num_local]
+    return _distributed_mesh(dim_names, shape, specs, num_clients, client_id,
+                             mesh_name, False, tuple_shape=True)
+  if device_type.upper() == "TPU":
+    for arg, value in (("num_global_devices", num_global_devices),
+                       ("num_clients", num_clients), ("client_id", client_id)):
+      if value is not None:
+        raise ValueError(_TPU_ARG_MESSAGE.format(arg=arg))
+    raise NotImplementedError("TPU meshes arrive with the TPU system.")
+  raise ValueError(f"Device type {device_type} is not CPU, GPU or TPU")
+
+
+# DTensor's default barrier time-out: "24 hours to stand in for infinite".
+_DEFAULT_BARRIER_TIMEOUT_MS = 24 * 60 * 60 * 1000
+
+
+def barrier(mesh: Mesh, barrier_name: str | None = None,
+            timeout_in_ms: int | None = None) -> None:
+  """Blocks until every client reaches this point (DTensor's ``barrier``).
+
+  First an all-reduce of ones over every device of `mesh` (checked against
+  the mesh size), then, in multi-client runs, a coordination-service barrier
+  with DTensor's per-name ids (``name:0``, ``name:1``, ...).
+
+  Args:
+    mesh: The mesh whose devices take part.
+    barrier_name: Name for logs and the barrier id; default ``(barrier)``.
+    timeout_in_ms: Coordination barrier time-out; default 24 h (DTensor's).
+
+  Raises:
+    ValueError: DTensor's message if the all-reduce gives the wrong count.
+    jdtensor.BarrierTimeoutError: If not every client arrived in time.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  if barrier_name is None:
+    barrier_name = "(barrier)"
+  logging.info("entering barrier before op: %s", barrier_name)
+  jax_mesh = mesh.jax_mesh
+  rank = len(mesh.shape())
+  sharding = NamedSharding(jax_mesh, PartitionSpec(*mesh.dim_names))
+  ones = jax.make_array_from_callback(
+      tuple(mesh.shape()), sharding, lambda _: np.ones([1] * rank, np.float32))
+  total = jax.jit(jax.numpy.sum,
+                  out_shardings=NamedSharding(jax_mesh, PartitionSpec()))(ones)
+  value = float(np.asarray(total.addressable_data(0)))
+  if value != mesh.size:
+    # DTensor-compatible message.
+    raise ValueError("Global barrier produced wrong mesh size : {0} while mesh "
+                     "has actualsize : {1}".format(value, mesh.size))
+  if runtime.state().multi_client:
+    if timeout_in_ms is None:
+      timeout_in_ms = _DEFAULT_BARRIER_TIMEOUT_MS
+    runtime.wait_at_barrier(runtime.next_barrier_id(barrier_name), timeout_in_ms)
+  logging.info("finished running barrier across all clients after op: %s",
+               barrier_name)

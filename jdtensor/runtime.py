@@ -12,6 +12,8 @@ DTensor ids.
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import sys
 import threading
@@ -22,8 +24,9 @@ from typing import Any
 
 from absl import logging
 
-from jdtensor import _env
-from jdtensor.errors import AlreadyInitializedError, NotInitializedError
+from jdtensor import _env, _rendezvous
+from jdtensor.errors import (AlreadyInitializedError, BarrierTimeoutError,
+                             NotInitializedError)
 
 __all__ = [
     "RuntimeState",
@@ -37,6 +40,8 @@ __all__ = [
     "client_devices",
     "device_string",
     "PLATFORMS",
+    "next_barrier_id",
+    "wait_at_barrier",
 ]
 
 # DTensor device type -> JAX platform name.
@@ -51,12 +56,17 @@ class RuntimeState:
   Attributes:
     device_type: The initialised accelerator type, or None.
     env: The cluster variables as read at initialisation.
+    multi_client: Whether jax.distributed was initialised.
+    timeouts: The time-outs in force.
     init_seconds: Wall time `initialize` took.
   """
 
   device_type: str | None = None
   env: _env.ClusterEnv | None = None
+  multi_client: bool = False
+  timeouts: _env.Timeouts = field(default_factory=_env.Timeouts)
   init_seconds: float = 0.0
+  barrier_counts: dict[str, int] = field(default_factory=dict)
   _device_table: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
 
 
@@ -150,16 +160,20 @@ def device_string(device: Any) -> str:
           f"{device_type}:{devices.index(device)}")
 
 
-def _local_device_count(device_type: str) -> int:
-  if device_type == "CPU" and not backend_initialized():
-    return configured_cpu_device_count()
-  return len(client_devices(device_type, process_index()))
-
-
 def initialize(device_type: str | None = None,
                num_logical_cpu_devices: int | None = None,
-               experimental_reset_context: bool = False) -> str:
-  """Sets up the runtime; see `jdtensor.initialize_accelerator_system`."""
+               experimental_reset_context: bool = False, *,
+               cluster: _env.ClusterEnv | None = None,
+               init_timeout: float | None = None,
+               heartbeat_timeout: float | None = None,
+               shutdown_timeout: float | None = None,
+               coordinator_bind_address: str | None = None) -> str:
+  """Sets up the runtime; see `jdtensor.initialize_accelerator_system`.
+
+  Args:
+    cluster: The cluster to join; defaults to the DTENSOR_* variables.
+    (others): See `jdtensor.initialize_accelerator_system`.
+  """
   from jdtensor import config  # pylint: disable=g-import-not-at-top
   start = time.monotonic()
   with _lock:
@@ -168,7 +182,12 @@ def initialize(device_type: str | None = None,
       raise AlreadyInitializedError(
           "Accelerator system has already been initialized. Call "
           "tf.experimental.dtensor.shutdown_accelerator_system() first.")
-    env = _env.read_cluster_env()
+    env = cluster if cluster is not None else _env.read_cluster_env()
+    timeouts = _env.read_timeouts(init=init_timeout, heartbeat=heartbeat_timeout,
+                                  shutdown=shutdown_timeout)
+    if coordinator_bind_address is None:
+      coordinator_bind_address = os.environ.get(
+          _env.JDTENSOR_COORDINATOR_BIND_ADDRESS) or None
     if device_type is None:
       device_type = config.preferred_device_type()
     if not isinstance(device_type, str):
@@ -184,7 +203,7 @@ def initialize(device_type: str | None = None,
       raise ValueError("num_logical_cpu_devices must be a positive int, got "
                        f"{num_logical_cpu_devices!r}.")
     if device_type != "CPU":
-      n = _local_device_count(device_type)
+      n = config.num_local_devices(device_type)
       if num_logical_cpu_devices is None:
         num_logical_cpu_devices = max(configured_cpu_device_count(), n)
       elif num_logical_cpu_devices < n:
@@ -193,10 +212,12 @@ def initialize(device_type: str | None = None,
             f"If set, `num_logical_cpu_devices` (={num_logical_cpu_devices}) "
             "must be greater than or equal to the number of local "
             f"{device_type} devices (={n})")
-    if not env.is_local_mode:
-      raise NotImplementedError(
-          "Multi-client initialisation is not available yet.")
-    _set_cpu_device_count(num_logical_cpu_devices, experimental_reset_context)
+    multi_client = env.num_clients > 1
+    if multi_client:
+      _start_distributed(env, device_type, num_logical_cpu_devices, timeouts,
+                         coordinator_bind_address)
+    else:
+      _set_cpu_device_count(num_logical_cpu_devices, experimental_reset_context)
     if not client_devices(device_type, process_index()):
       raise ValueError(
           f"initialize_accelerator_system({device_type!r}): this process has no "
@@ -204,10 +225,68 @@ def initialize(device_type: str | None = None,
           f"{device_type}s are attached.")
     _state.device_type = device_type
     _state.env = env
+    _state.multi_client = multi_client
+    _state.timeouts = timeouts
     _state.init_seconds = time.monotonic() - start
     logging.info("jdtensor initialised %s in %.3f s (client %d of %d)",
                  device_type, _state.init_seconds, env.client_id, env.num_clients)
     return device_type
+
+
+def _start_distributed(env: _env.ClusterEnv, device_type: str,
+                       cpu_devices: int | None, timeouts: _env.Timeouts,
+                       bind_override: str | None) -> None:
+  """Rendezvous, then ``jax.distributed.initialize``, then cross-checks."""
+  from jdtensor import config  # pylint: disable=g-import-not-at-top
+  if backend_initialized():
+    raise RuntimeError(
+        "The JAX backend has already been started in this process, so it cannot "
+        "join a multi-client cluster. Call initialize_accelerator_system() "
+        "before any JAX call that starts the backend (jax.devices(), creating "
+        "arrays, jit).")
+  deadline = time.monotonic() + timeouts.init
+  coordinator = env.jobs[0]
+  bind = _rendezvous.bind_address(coordinator, bind_override)
+  if device_type == "CPU":
+    local = cpu_devices or configured_cpu_device_count()
+  else:
+    local = config.num_local_devices(device_type)
+  logging.info("jdtensor client %d of %d: meeting the coordinator at %s",
+               env.client_id, env.num_clients, coordinator)
+  _rendezvous.rendezvous(
+      _rendezvous.Hello(env.client_id, env.num_clients, env.jobs, local),
+      coordinator, bind, timeouts.init)
+  _set_cpu_device_count(cpu_devices, False)
+  import jax  # pylint: disable=g-import-not-at-top
+  host, port = bind
+  jax.distributed.initialize(
+      coordinator_address=coordinator,
+      num_processes=env.num_clients,
+      process_id=env.client_id,
+      cluster_detection_method="deactivate",  # DTENSOR_* is the source of truth.
+      initialization_timeout=max(10, math.ceil(deadline - time.monotonic())),
+      heartbeat_timeout_seconds=math.ceil(timeouts.heartbeat),
+      shutdown_timeout_seconds=math.ceil(timeouts.shutdown),
+      coordinator_bind_address=(f"[{host}]:{port}" if ":" in host
+                                else f"{host}:{port}"))
+  if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:
+    raise RuntimeError(
+        f"JAX disagrees with DTENSOR_*: it says process {jax.process_index()} "
+        f"of {jax.process_count()}, DTensor says client {env.client_id} of "
+        f"{env.num_clients}.")
+  platform = PLATFORMS[device_type]
+  try:
+    devices = jax.devices(platform)
+  except RuntimeError:
+    devices = []
+  counts = {c: 0 for c in range(env.num_clients)}
+  for d in devices:
+    counts[d.process_index] = counts.get(d.process_index, 0) + 1
+  if len(set(counts.values())) > 1:
+    raise RuntimeError(
+        f"Clients have different numbers of {device_type} devices: "
+        + ", ".join(f"client {c}: {n}" for c, n in sorted(counts.items()))
+        + ". DTensor meshes need the same number on every client.")
 
 
 def _set_cpu_device_count(count: int | None, reset_requested: bool) -> None:
@@ -241,5 +320,39 @@ def shutdown() -> None:
       raise NotInitializedError(
           "Accelerator system is not initialized. Call "
           "tf.experimental.dtensor.initialize_accelerator_system first.")
+    if _state.multi_client:
+      # DTensor-compatible: the system stays initialised.
+      raise ValueError("Shutting down accelerator system under multi-client "
+                       "mode is not supported.")
     _state.device_type = None
     _state.env = None
+
+
+def next_barrier_id(name: str) -> str:
+  """DTensor's per-name barrier ids: ``name:0``, ``name:1``, ..."""
+  with _lock:
+    count = _state.barrier_counts.get(name, 0)
+    _state.barrier_counts[name] = count + 1
+    return f"{name}:{count}"
+
+
+def wait_at_barrier(barrier_id: str, timeout_ms: int) -> None:
+  """A coordination-service barrier over every client (multi-client only).
+
+  Raises:
+    TimeoutError: If not every client arrived within `timeout_ms`.
+    RuntimeError: If the coordination service reported another failure.
+  """
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  client = distributed.global_state.client
+  if client is None:
+    raise NotInitializedError("No multi-client runtime: call "
+                              "initialize_accelerator_system() first.")
+  try:
+    client.wait_at_barrier(barrier_id, int(timeout_ms))
+  except Exception as e:  # JaxRuntimeError has no stable import path.
+    if "DEADLINE_EXCEEDED" in str(e):
+      raise BarrierTimeoutError(
+          f"Barrier {barrier_id!r} timed out after {timeout_ms} ms: not every "
+          f"client arrived ({str(e).splitlines()[0]}).") from None
+    raise RuntimeError(f"Barrier {barrier_id!r} failed: {e}") from None

@@ -55,3 +55,76 @@ def run_python(code: str, env: dict[str, str] | None = None,
     raise AssertionError(
         f"subprocess exceeded {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
   return Result(proc.returncode, out, err)
+
+
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "client.py")
+# Short runtime time-outs for tests (JAX's own harness uses 10/5/15 s).
+TEST_TIMEOUTS = {"JDTENSOR_INIT_TIMEOUT": "30", "JDTENSOR_HEARTBEAT_TIMEOUT": "10",
+                 "JDTENSOR_SHUTDOWN_TIMEOUT": "15"}
+
+
+def free_port() -> int:
+  from jdtensor.launcher import free_ports  # pylint: disable=g-import-not-at-top
+  return free_ports(1)[0]
+
+
+def parse_results(text: str) -> dict[int, dict[str, object]]:
+  """``[client k] RESULT key=json`` lines -> {k: {key: value}}."""
+  import json  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  out: dict[int, dict[str, object]] = {}
+  for m in re.finditer(r"^\[client (\d+)\] RESULT (\w+)=(.*)$", text, re.M):
+    out.setdefault(int(m.group(1)), {})[m.group(2)] = json.loads(m.group(3))
+  return out
+
+
+def start_clients(scenario: str, envs: list[dict[str, str]]
+                  ) -> list[subprocess.Popen]:
+  """Starts one client.py process per env, each in its own process group."""
+  return [subprocess.Popen([sys.executable, CLIENT, scenario], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True, cwd=REPO)
+          for env in envs]
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> list[Result]:
+  """Waits for every process on one shared deadline; kills what is left."""
+  import time  # pylint: disable=g-import-not-at-top
+  deadline = time.monotonic() + timeout
+  results, expired = [], False
+  for proc in procs:
+    try:
+      out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      expired = True
+      for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+          os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+          pass
+      out, err = proc.communicate(timeout=10)
+    results.append(Result(proc.returncode, out, err))
+  if expired:
+    raise AssertionError(f"clients exceeded {timeout} s: {results}")
+  return results
+
+
+def cluster_env(jobs: list[str], client: int, devices: int = 1,
+                **extra: str) -> dict[str, str]:
+  return clean_env(**{"DTENSOR_JOBS": ",".join(jobs),
+                      "DTENSOR_CLIENT_ID": str(client),
+                      "JAX_NUM_CPU_DEVICES": str(devices),
+                      **TEST_TIMEOUTS, **extra})
+
+
+def pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  # A zombie is dead for our purposes.
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(")")[-1].split()[0] != "Z"
+  except OSError:
+    return False

@@ -68,12 +68,17 @@ def test_tpu_without_tpus_is_clear():
 
 
 def test_demo_command():
+  """`jdtensor demo`: 4 clients x 2 devices, each matching the reference."""
   result = run_python("""
       import sys
       from jdtensor.cli import main
-      sys.exit(main(["demo", "--steps", "8"]))
-      """, timeout=120)
+      sys.exit(main(["demo", "--steps", "8", "--timeout", "120"]))
+      """, timeout=150)
   assert result.returncode == 0, result.stdout + result.stderr
   out = result.stdout
-  assert "mesh: |batch=4,model=2|0,1,2,3,4,5,6,7|0,1,2,3,4,5,6,7|" in out
-  assert "over 8 steps" in out and out.rstrip().endswith("OK")
+  assert "[client 1] mesh: |batch=4,model=2|0,1,2,3,4,5,6,7|2,3|" \
+      "/job:worker/replica:0/task:1/device:CPU:0," \
+      "/job:worker/replica:0/task:1/device:CPU:1" in out
+  assert out.count("over 8 steps") == 4
+  assert out.count("(tolerance 1e-05): OK") == 4
+  assert out.rstrip().endswith("OK")

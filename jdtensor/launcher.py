@@ -1,0 +1,317 @@
+"""`jdtensor launch`: N local DTensor clients, supervised like torchrun/mpirun.
+
+PURE of JAX: the parent only spawns and watches processes.
+
+Each client gets ``DTENSOR_CLIENT_ID``, ``DTENSOR_NUM_CLIENTS``,
+``DTENSOR_JOB_NAME=worker`` and ``DTENSOR_JOBS`` (``localhost:<port>`` per
+client, ascending free ports), and for CPU runs ``JAX_PLATFORMS=cpu`` and
+``JAX_NUM_CPU_DEVICES`` (the simulated device count). Every output line is
+prefixed with its client (``[client 2] ...``); gloo's harmless
+``[Gloo] Rank r is connected to ...`` lines are dropped.
+
+When a client exits non-zero or is killed, the others get SIGTERM, then
+SIGKILL after a grace period, and the launcher exits non-zero with one summary
+line naming the first failure. SIGINT/SIGTERM to the launcher stop every
+client the same way. Clients run in their own process groups and die with the
+launcher (``PR_SET_PDEATHSIG``), so no process is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+from jdtensor import _env
+
+__all__ = ["LaunchSpec", "LaunchResult", "free_ports", "worker_env", "launch",
+           "is_gloo_noise"]
+
+# Gloo prints "[Gloo] Rank r is connected to k peer ranks. Expected number of
+# connected peer ranks is : k" whenever a device group first communicates
+# (jax-ml/jax#32673); the threads of several devices interleave its fragments.
+_GLOO_MARKERS = re.compile(r"\[Gloo\]|peer ranks|is connected to")
+_GLOO_FRAGMENTS = re.compile(r"\[Gloo\] Rank|is connected to|Expected number of "
+                             r"connected peer ranks is :|peer ranks\.?|\d+|\s+")
+
+
+def is_gloo_noise(line: str) -> bool:
+  """Whether `line` holds nothing but fragments of gloo's connection notice."""
+  return bool(_GLOO_MARKERS.search(line)) and not _GLOO_FRAGMENTS.sub("", line)
+
+
+_POLL_SECONDS = 0.05
+_EXIT_TIMEOUT = 124
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+  """What to launch.
+
+  Attributes:
+    command: The command every client runs.
+    num_clients: Number of client processes.
+    devices_per_client: Simulated CPU devices per client (CPU runs).
+    device_type: CPU, GPU or TPU.
+    port: First port (client k gets port + k); None picks free ports.
+    timeout: Seconds before every client is stopped; None waits forever.
+    grace: Seconds between SIGTERM and SIGKILL.
+  """
+  command: tuple[str, ...]
+  num_clients: int = 2
+  devices_per_client: int = 1
+  device_type: str = "CPU"
+  port: int | None = None
+  timeout: float | None = None
+  grace: float = 5.0
+
+  def __post_init__(self) -> None:
+    if not self.command:
+      raise ValueError("LaunchSpec.command is empty: give the command each "
+                       "client runs, e.g. `jdtensor launch -n 2 -- python train.py`.")
+    if self.num_clients < 1:
+      raise ValueError(f"num_clients must be >= 1, got {self.num_clients}.")
+    if self.devices_per_client < 1:
+      raise ValueError(
+          f"devices_per_client must be >= 1, got {self.devices_per_client}.")
+    if self.device_type.upper() not in ("CPU", "GPU", "TPU"):
+      raise ValueError(f"device_type must be CPU, GPU or TPU, got "
+                       f"{self.device_type!r}.")
+    if self.port is not None and not 1 <= self.port <= 65535 - self.num_clients + 1:
+      raise ValueError(f"port must leave room for {self.num_clients} ports in "
+                       f"1..65535, got {self.port}.")
+    if self.timeout is not None and not self.timeout > 0:
+      raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}.")
+    if not self.grace >= 0:
+      raise ValueError(f"grace must be >= 0 seconds, got {self.grace}.")
+
+
+@dataclass
+class LaunchResult:
+  """How the clients ended.
+
+  Attributes:
+    returncodes: Each client's return code (negative: killed by that signal).
+    pids: Each client's process id.
+    first_failure: The earliest failing client, or None.
+    reason: The summary line, or '' when every client exited 0.
+    exit_code: What the launcher exits with.
+  """
+  returncodes: list[int | None] = field(default_factory=list)
+  pids: list[int] = field(default_factory=list)
+  first_failure: int | None = None
+  reason: str = ""
+  exit_code: int = 0
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+  """`n` distinct free TCP ports, ascending (bound at once, then released)."""
+  socks = []
+  try:
+    for _ in range(n):
+      s = socket.socket()
+      s.bind((host, 0))
+      socks.append(s)
+    return sorted(s.getsockname()[1] for s in socks)
+  finally:
+    for s in socks:
+      s.close()
+
+
+def worker_env(spec: LaunchSpec, client: int, ports: Sequence[int],
+               base: Mapping[str, str]) -> dict[str, str]:
+  """The environment of one client."""
+  env = dict(base)
+  env[_env.DTENSOR_CLIENT_ID] = str(client)
+  env[_env.DTENSOR_NUM_CLIENTS] = str(spec.num_clients)
+  env[_env.DTENSOR_JOB_NAME] = "worker"
+  env[_env.DTENSOR_JOBS] = ",".join(f"localhost:{p}" for p in ports)
+  if spec.device_type.upper() == "CPU":
+    env["JAX_PLATFORMS"] = "cpu"
+    env["JAX_NUM_CPU_DEVICES"] = str(spec.devices_per_client)
+  env.setdefault("PYTHONUNBUFFERED", "1")
+  return env
+
+
+# Runs as the client process itself before exec'ing the command: it asks the
+# kernel to SIGKILL it when the launcher dies (PR_SET_PDEATHSIG survives exec),
+# exits if the launcher is already gone, then becomes the command. Doing this
+# in a wrapper instead of Popen(preexec_fn=...) keeps Python code out of the
+# fork, which is unsafe in a multithreaded (e.g. JAX) parent.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "try:\n"
+    "  ctypes.CDLL(None, use_errno=True).prctl(1, 9)\n"
+    "except (OSError, AttributeError):\n"
+    "  pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "  sys.exit(137)\n"
+    "try:\n"
+    "  os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as e:\n"
+    "  print(f'jdtensor launch: cannot start {sys.argv[2]!r}: {e.strerror}', "
+    "file=sys.stderr)\n"
+    "  sys.exit(127)\n")
+
+
+def _wrapped(command: Sequence[str]) -> list[str]:
+  return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()),
+          *command]
+
+
+def _describe(code: int) -> str:
+  if code < 0:
+    try:
+      return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+      return f"was killed by signal {-code}"
+  return f"exited with code {code}"
+
+
+class _Supervisor:
+  """Starts, watches and stops the clients."""
+
+  def __init__(self, spec: LaunchSpec, out: IO[str], err: IO[str]):
+    self.spec = spec
+    self.out, self.err = out, err
+    self.procs: list[subprocess.Popen[bytes]] = []
+    self.readers: list[threading.Thread] = []
+    self.write_lock = threading.Lock()
+    self.stop_signal: int | None = None
+
+  def _pump(self, client: int, pipe: IO[bytes], sink: IO[str]) -> None:
+    prefix = f"[client {client}] "
+    for raw in iter(pipe.readline, b""):
+      line = raw.decode(errors="replace").rstrip("\n")
+      if is_gloo_noise(line):
+        continue
+      with self.write_lock:
+        sink.write(prefix + line + "\n")
+        sink.flush()
+    pipe.close()
+
+  def start(self) -> None:
+    spec = self.spec
+    ports = (list(range(spec.port, spec.port + spec.num_clients))
+             if spec.port is not None else free_ports(spec.num_clients))
+    for client in range(spec.num_clients):
+      self.procs.append(subprocess.Popen(
+          _wrapped(spec.command), env=worker_env(spec, client, ports, os.environ),
+          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+          start_new_session=True))
+    for client, proc in enumerate(self.procs):
+      for pipe, sink in ((proc.stdout, self.out), (proc.stderr, self.err)):
+        t = threading.Thread(target=self._pump, args=(client, pipe, sink),
+                             daemon=True)
+        t.start()
+        self.readers.append(t)
+
+  def _signal_all(self, sig: int) -> None:
+    for proc in self.procs:
+      if proc.poll() is None:
+        try:
+          os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+          pass
+
+  def stop_all(self) -> list[int]:
+    """SIGTERM, grace, SIGKILL; returns the clients that had to be stopped."""
+    running = [i for i, p in enumerate(self.procs) if p.poll() is None]
+    self._signal_all(signal.SIGTERM)
+    deadline = time.monotonic() + self.spec.grace
+    while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+      time.sleep(_POLL_SECONDS)
+    self._signal_all(signal.SIGKILL)
+    for proc in self.procs:
+      try:
+        proc.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        pass  # Unkillable (D state); reported by its None return code.
+    for proc in self.procs:  # Grandchildren that outlived their leader.
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
+    return running
+
+  def run(self) -> LaunchResult:
+    result = LaunchResult()
+    deadline = (time.monotonic() + self.spec.timeout
+                if self.spec.timeout is not None else None)
+    while True:
+      codes = [p.poll() for p in self.procs]
+      failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+      if self.stop_signal is not None:
+        stopped = self.stop_all()
+        name = signal.Signals(self.stop_signal).name
+        result.reason = (f"jdtensor launch: received {name}; stopped clients "
+                         f"{', '.join(map(str, stopped)) or 'none'}")
+        result.exit_code = 128 + self.stop_signal
+        break
+      if failed:
+        client, code = failed[0]
+        stopped = self.stop_all()
+        result.first_failure = client
+        result.reason = (f"jdtensor launch: client {client} {_describe(code)}; "
+                         f"stopped clients {', '.join(map(str, stopped)) or 'none'}")
+        result.exit_code = code if code > 0 else 128 - code
+        break
+      if all(c == 0 for c in codes):
+        break
+      if deadline is not None and time.monotonic() > deadline:
+        stopped = self.stop_all()
+        result.reason = (f"jdtensor launch: timed out after {self.spec.timeout:g} s; "
+                         f"stopped clients {', '.join(map(str, stopped))}")
+        result.exit_code = _EXIT_TIMEOUT
+        break
+      time.sleep(_POLL_SECONDS)
+    for t in self.readers:
+      t.join(timeout=5)
+    result.returncodes = [p.poll() for p in self.procs]
+    result.pids = [p.pid for p in self.procs]
+    return result
+
+
+def launch(spec: LaunchSpec, out: IO[str] | None = None,
+           err: IO[str] | None = None) -> LaunchResult:
+  """Runs `spec` to completion; see the module docstring.
+
+  SIGINT and SIGTERM (when called from the main thread) stop every client.
+
+  Returns:
+    How the clients ended; the summary line is also written to `err`.
+  """
+  out = out or sys.stdout
+  err = err or sys.stderr
+  sup = _Supervisor(spec, out, err)
+  previous = {}
+  if threading.current_thread() is threading.main_thread():
+    def on_signal(signum: int, _frame: object) -> None:
+      sup.stop_signal = signum
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      previous[sig] = signal.signal(sig, on_signal)
+  try:
+    try:
+      sup.start()
+    except OSError as e:
+      sup.stop_all()
+      result = LaunchResult(reason=f"jdtensor launch: cannot start "
+                            f"{spec.command[0]!r}: {e.strerror}", exit_code=127)
+    else:
+      result = sup.run()
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+  if result.reason:
+    with sup.write_lock:
+      err.write(result.reason + "\n")
+      err.flush()
+  return result

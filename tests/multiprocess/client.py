@@ -1,0 +1,171 @@
+"""One DTensor client for the multi-process tests: `python client.py SCENARIO`.
+
+Runs under `jdtensor launch` (or the tests' own process starter) with the
+DTENSOR_* variables set, and prints ``RESULT key=value`` lines that the tests
+assert on. Any exception exits non-zero with ``ERROR <type>: <message>``.
+"""
+
+import ipaddress
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+
+
+def result(key, value):
+  print(f"RESULT {key}={json.dumps(value)}", flush=True)
+
+
+def listening_address(port):
+  """The local address of the socket listening on `port` (from /proc)."""
+  for path, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+    try:
+      lines = open(path).read().splitlines()[1:]
+    except OSError:
+      continue
+    for line in lines:
+      fields = line.split()
+      addr, hex_port = fields[1].split(":")
+      if int(hex_port, 16) == port and fields[3] == "0A":  # LISTEN
+        raw = bytes.fromhex(addr)
+        if not v6:
+          return ".".join(str(b) for b in raw[::-1])
+        # /proc stores each 32-bit word in host (little-endian) order.
+        ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1]
+                                            for i in range(0, 16, 4)))
+        return str(ip.ipv4_mapped or ip)
+  return None
+
+
+def scenario_basic():
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+
+  import jdtensor
+  from jdtensor import UNSHARDED, Layout
+
+  assert jdtensor.initialize_accelerator_system("cpu") == "CPU"
+  cid, n = jdtensor.client_id(), jdtensor.num_clients()
+  local = jdtensor.num_local_devices("CPU")
+  result("client", [cid, n, local])
+  if cid == 0:
+    port = int(jdtensor.jobs()[0].rsplit(":", 1)[1])
+    result("coordinator_listen", listening_address(port))
+
+  mesh = jdtensor.create_distributed_mesh([("batch", n * local // 2), ("model", 2)]
+                                          if n * local % 2 == 0 and n * local > 2
+                                          else [("batch", n * local)])
+  result("mesh", mesh.to_string())
+  result("local_ids", mesh.local_device_ids())
+  jm = mesh.jax_mesh
+  result("jax_mesh_process_order",
+         [d.process_index for d in jm.devices.flat])
+
+  # A cross-client psum over every device.
+  flat = jdtensor.create_distributed_mesh([("all", n * local)], mesh_name="flat")
+  fm = flat.jax_mesh
+  x = jax.make_array_from_callback(
+      (n * local,), Layout(["all"], flat).to_jax_sharding(),
+      lambda idx: np.arange(1, n * local + 1, dtype=np.float32)[idx])
+  total = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b, "all"), mesh=fm,
+                                in_specs=P("all"), out_specs=P()))(x)
+  result("psum", float(np.asarray(total.addressable_data(0))[0]))
+
+  # A sharded matmul: batch over clients, weights over model.
+  size = mesh.size
+  a = np.arange(size * 4 * 6, dtype=np.float32).reshape(size * 4, 6) / 100
+  w = np.arange(6 * 8, dtype=np.float32).reshape(6, 8) / 10
+  a_layout = Layout.batch_sharded(mesh, mesh.dim_names[0], 2)
+  w_layout = (Layout.inner_sharded(mesh, "model", 2) if "model" in mesh
+              else Layout.replicated(mesh, 2))
+  put = lambda v, l: jax.make_array_from_callback(v.shape, l.to_jax_sharding(),
+                                                  lambda i: v[i])
+  out_layout = Layout([mesh.dim_names[0], w_layout.sharding_specs[1]], mesh)
+  y = jax.jit(lambda p, q: p @ q, out_shardings=out_layout.to_jax_sharding())(
+      put(a, a_layout), put(w, w_layout))
+  expected = a @ w
+  ok = all(np.allclose(np.asarray(s.data), expected[s.index], rtol=1e-5)
+           for s in y.addressable_shards)
+  result("matmul_ok", bool(ok))
+
+  # pack / unpack round trip, fetch_layout, relayout, call_with_layout.
+  layout = Layout([mesh.dim_names[0], UNSHARDED], mesh)
+  comps = [np.full((2, 3), 100 * cid + i, np.float32)
+           for i in range(mesh.num_local_devices())]
+  packed = jdtensor.pack(comps, layout)
+  result("packed_shape", list(packed.shape))
+  back = jdtensor.unpack(packed)
+  result("unpack_ok", all(np.array_equal(np.asarray(b), c)
+                          for b, c in zip(back, comps)))
+  result("fetch_layout_ok", jdtensor.fetch_layout(packed) == layout)
+  replicated = jdtensor.relayout(packed, Layout.replicated(mesh, 2))
+  full = np.asarray(replicated.addressable_data(0))
+  result("relayout_rows", [float(r[0]) for r in full[::2]])
+  ones = jdtensor.call_with_layout(jnp.ones, layout, (mesh.size * 2, 3))
+  result("call_with_layout", [list(ones.shape),
+                              jdtensor.fetch_layout(ones) == layout])
+
+  jdtensor.barrier(mesh, "b1", timeout_in_ms=30_000)
+  jdtensor.barrier(mesh, "b1", timeout_in_ms=30_000)
+  jdtensor.barrier(mesh)
+  from jdtensor import runtime
+  result("barrier_counts", runtime.state().barrier_counts)
+
+  # The seed's legacy keyword form, for this client and for another one.
+  legacy = jdtensor.create_distributed_mesh([("x", n * local)], num_clients=n,
+                                            client_id=cid)
+  result("legacy_mesh_ok", legacy.local_device_ids() ==
+         list(range(cid * local, (cid + 1) * local)))
+  try:
+    jdtensor.create_distributed_mesh([("x", n * local + 1)], num_clients=n)
+  except ValueError as e:
+    result("legacy_error", str(e))
+  try:
+    jdtensor.shutdown_accelerator_system()
+  except ValueError as e:
+    result("shutdown_error", str(e))
+  result("still_initialized", jdtensor.is_initialized())
+
+
+def scenario_legacy_init():
+  import jdtensor
+  jdtensor.dtensor_initialize_multi_client()
+  mesh = jdtensor.create_distributed_mesh([("x", jdtensor.num_clients())])
+  jdtensor.barrier(mesh, timeout_in_ms=30_000)
+  result("legacy_init", [jdtensor.is_initialized(), mesh.to_string()])
+
+
+def scenario_init_only():
+  import jdtensor
+  jdtensor.initialize_accelerator_system("CPU")
+  result("initialized", True)
+
+
+def scenario_exit_code():
+  """Client 1 exits 3 at once; the others would sleep for a minute."""
+  import time
+  import jdtensor
+  print(f"pid {os.getpid()}", flush=True)
+  if jdtensor.client_id() == 1:
+    sys.exit(3)
+  time.sleep(60)
+
+
+def scenario_sleep():
+  import time
+  print(f"pid {os.getpid()}", flush=True)
+  time.sleep(60)
+
+
+if __name__ == "__main__":
+  try:
+    globals()[f"scenario_{sys.argv[1]}"]()
+  except Exception as e:  # pylint: disable=broad-except
+    traceback.print_exc()
+    print(f"ERROR {type(e).__name__}: {e}", flush=True)
+    sys.exit(1)

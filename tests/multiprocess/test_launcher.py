@@ -1,0 +1,167 @@
+"""`jdtensor launch`: environment, prefixes, kill-the-rest, signals, no orphans."""
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jdtensor import launcher
+from tests.helpers import CLIENT, REPO, clean_env, pid_alive, run_python
+
+pytestmark = pytest.mark.multiprocess
+
+
+def pids_in(text):
+  return [int(p) for p in re.findall(r"^\[client \d+\] pid (\d+)$", text, re.M)]
+
+
+def test_worker_env_is_dtensor_env():
+  spec = launcher.LaunchSpec(command=("x",), num_clients=3, devices_per_client=2)
+  env = launcher.worker_env(spec, 1, [7001, 7002, 7003], {"KEEP": "1"})
+  assert env["DTENSOR_CLIENT_ID"] == "1" and env["DTENSOR_NUM_CLIENTS"] == "3"
+  assert env["DTENSOR_JOB_NAME"] == "worker"
+  assert env["DTENSOR_JOBS"] == "localhost:7001,localhost:7002,localhost:7003"
+  assert env["JAX_NUM_CPU_DEVICES"] == "2" and env["JAX_PLATFORMS"] == "cpu"
+  assert env["KEEP"] == "1"
+  ports = launcher.free_ports(4)
+  assert ports == sorted(ports) and len(set(ports)) == 4
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"command": ()}, "LaunchSpec.command is empty"),
+    ({"command": ("x",), "num_clients": 0}, "num_clients must be >= 1, got 0."),
+    ({"command": ("x",), "devices_per_client": 0}, "devices_per_client must be >= 1"),
+    ({"command": ("x",), "device_type": "XPU"}, "device_type must be CPU, GPU or TPU"),
+    ({"command": ("x",), "port": 70000}, "port must leave room for 2 ports"),
+    ({"command": ("x",), "timeout": 0}, "timeout must be > 0 seconds, got 0."),
+])
+def test_spec_validation(kwargs, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    launcher.LaunchSpec(**kwargs)
+
+
+def test_prefixes_and_success():
+  out, err = io.StringIO(), io.StringIO()
+  code = "import os; print('hi', os.environ['DTENSOR_CLIENT_ID']); print('e', file=__import__('sys').stderr)"
+  res = launcher.launch(launcher.LaunchSpec(command=(sys.executable, "-c", code),
+                                            num_clients=3, timeout=60),
+                        out=out, err=err)
+  assert res.exit_code == 0 and res.returncodes == [0, 0, 0] and not res.reason
+  assert sorted(out.getvalue().splitlines()) == [
+      "[client 0] hi 0", "[client 1] hi 1", "[client 2] hi 2"]
+  assert sorted(err.getvalue().splitlines()) == [
+      "[client 0] e", "[client 1] e", "[client 2] e"]
+
+
+def test_one_client_fails_the_rest_are_stopped():
+  out, err = io.StringIO(), io.StringIO()
+  start = time.monotonic()
+  res = launcher.launch(launcher.LaunchSpec(
+      command=(sys.executable, CLIENT, "exit_code"), num_clients=3, timeout=60,
+      grace=2), out=out, err=err)
+  elapsed = time.monotonic() - start
+  assert res.exit_code == 3 and res.first_failure == 1
+  assert res.reason == ("jdtensor launch: client 1 exited with code 3; stopped "
+                        "clients 0, 2")
+  assert err.getvalue().rstrip().endswith(res.reason)
+  assert res.returncodes[1] == 3 and res.returncodes[0] == res.returncodes[2] == -15
+  assert elapsed < 30
+  assert len(res.pids) == 3 and not any(pid_alive(p) for p in res.pids)
+
+
+def test_killed_client_is_reported():
+  out, err = io.StringIO(), io.StringIO()
+  code = ("import os, signal, time, sys\n"
+          "if os.environ['DTENSOR_CLIENT_ID'] == '0': os.kill(os.getpid(), signal.SIGKILL)\n"
+          "time.sleep(60)")
+  res = launcher.launch(launcher.LaunchSpec(command=(sys.executable, "-c", code),
+                                            num_clients=2, timeout=60, grace=1),
+                        out=out, err=err)
+  assert res.reason == ("jdtensor launch: client 0 was killed by SIGKILL; "
+                        "stopped clients 1")
+  assert res.exit_code == 128 + 9
+  assert not any(pid_alive(p) for p in res.pids)
+
+
+def test_clients_die_with_a_killed_launcher():
+  """Even SIGKILL to the launcher (no cleanup possible) leaves no client."""
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--timeout", "60",
+       "--", sys.executable, CLIENT, "sleep"],
+      env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      cwd=REPO, start_new_session=True)
+  try:
+    pids, deadline = [], time.monotonic() + 30
+    while len(pids) < 2 and time.monotonic() < deadline:
+      pids += pids_in(proc.stdout.readline())
+    assert len(pids) == 2
+    proc.kill()
+    proc.communicate(timeout=10)
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert not any(pid_alive(p) for p in pids)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_timeout_stops_everyone():
+  res = launcher.launch(launcher.LaunchSpec(
+      command=(sys.executable, CLIENT, "sleep"), num_clients=2, timeout=1.5,
+      grace=1), out=io.StringIO(), err=io.StringIO())
+  assert res.exit_code == 124
+  assert res.reason == "jdtensor launch: timed out after 1.5 s; stopped clients 0, 1"
+
+
+def test_sigterm_to_launcher_stops_all_clients():
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--grace", "2",
+       "--timeout", "60", "--", sys.executable, CLIENT, "sleep"],
+      env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      cwd=REPO, start_new_session=True)
+  try:
+    pids, deadline = [], time.monotonic() + 30
+    while len(pids) < 2 and time.monotonic() < deadline:
+      line = proc.stdout.readline()
+      pids += pids_in(line)
+    assert len(pids) == 2
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.communicate(timeout=10)
+  assert proc.returncode == 128 + signal.SIGTERM
+  assert "jdtensor launch: received SIGTERM; stopped clients 0, 1" in err
+  assert not any(pid_alive(p) for p in pids)
+
+
+def test_cli_usage_errors_and_no_jax_in_parent():
+  res = run_python("""
+      import sys
+      from jdtensor.cli import main
+      code = main(["launch", "-n", "2"])
+      assert "jax" not in sys.modules
+      print("CODE", code)
+      """)
+  assert "CODE 2" in res.stdout
+  assert "jdtensor launch: give the command each client runs" in res.stderr
+  res = run_python("""
+      from jdtensor.cli import main
+      main(["launch", "-n", "0", "--", "true"])
+      """)
+  assert res.returncode == 2
+  assert "argument -n/--num-clients: expected a positive integer, got '0'" in res.stderr
+  res = run_python("""
+      import sys
+      from jdtensor.cli import main
+      sys.exit(main(["launch", "-n", "1", "--", "/nonexistent/cmd"]))
+      """)
+  assert res.returncode == 127
+  assert "jdtensor launch: cannot start '/nonexistent/cmd'" in res.stderr

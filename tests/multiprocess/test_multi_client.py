@@ -1,0 +1,178 @@
+"""Real multi-client runs: real processes, JAX's coordination service, gloo."""
+
+import io
+import re
+import time
+
+import pytest
+
+from jdtensor import launcher
+from tests.helpers import (CLIENT, TEST_TIMEOUTS, cluster_env, finish, free_port,
+                           parse_results, start_clients)
+
+pytestmark = pytest.mark.multiprocess
+
+W = "/job:worker/replica:0/task:{t}/device:CPU:{i}"
+
+
+def run_launcher(monkeypatch, n, devices, scenario, timeout=120):
+  for k, v in TEST_TIMEOUTS.items():
+    monkeypatch.setenv(k, v)
+  out, err = io.StringIO(), io.StringIO()
+  spec = launcher.LaunchSpec(command=("python3", CLIENT, scenario), num_clients=n,
+                             devices_per_client=devices, timeout=timeout)
+  res = launcher.launch(spec, out=out, err=err)
+  return res, out.getvalue(), err.getvalue()
+
+
+def test_two_clients_two_devices(monkeypatch):
+  res, out, err = run_launcher(monkeypatch, 2, 2, "basic")
+  assert res.exit_code == 0, out + err
+  r = parse_results(out)
+  assert set(r) == {0, 1}
+  for t in (0, 1):
+    assert r[t]["client"] == [t, 2, 2]
+    devs = ",".join(W.format(t=t, i=i) for i in range(2))
+    assert r[t]["mesh"] == f"|batch=2,model=2|0,1,2,3|{2 * t},{2 * t + 1}|{devs}"
+    assert r[t]["local_ids"] == [2 * t, 2 * t + 1]
+    assert r[t]["jax_mesh_process_order"] == [0, 0, 1, 1]
+    assert r[t]["psum"] == 10.0
+    assert r[t]["matmul_ok"] is True
+    assert r[t]["packed_shape"] == [4, 3]
+    assert r[t]["unpack_ok"] is True and r[t]["fetch_layout_ok"] is True
+    # Rows of the relaid-out array come from client 0's then client 1's components.
+    assert r[t]["relayout_rows"] == [0.0, 100.0]
+    assert r[t]["call_with_layout"] == [[8, 3], True]
+    assert r[t]["barrier_counts"] == {"b1": 2, "(barrier)": 1}
+    assert r[t]["legacy_mesh_ok"] is True
+    assert r[t]["legacy_error"] == ("num_global_devices (4) must be equal to total "
+                                    "size of the mesh of shape (5,)")
+    assert r[t]["shutdown_error"] == ("Shutting down accelerator system under "
+                                      "multi-client mode is not supported.")
+    assert r[t]["still_initialized"] is True
+  # The coordinator listens on loopback only, not on every interface.
+  assert r[0]["coordinator_listen"] == "127.0.0.1"
+  assert "[Gloo]" not in out
+
+
+def test_four_clients_one_device(monkeypatch):
+  res, out, err = run_launcher(monkeypatch, 4, 1, "basic")
+  assert res.exit_code == 0, out + err
+  r = parse_results(out)
+  assert r[1]["mesh"] == "|batch=2,model=2|0,1,2,3|1|" + W.format(t=1, i=0)
+  assert [r[t]["local_ids"] for t in range(4)] == [[0], [1], [2], [3]]
+  assert all(r[t]["psum"] == 10.0 and r[t]["matmul_ok"] for t in range(4))
+  assert r[3]["jax_mesh_process_order"] == [0, 1, 2, 3]
+
+
+def test_legacy_dtensor_initialize_multi_client(monkeypatch):
+  res, out, err = run_launcher(monkeypatch, 2, 1, "legacy_init")
+  assert res.exit_code == 0, out + err
+  r = parse_results(out)
+  assert r[1]["legacy_init"] == [True, "|x=2|0,1|1|" + W.format(t=1, i=0)]
+
+
+def test_descending_ports():
+  # DTensor's harness hands out ports in descending order to catch ordering bugs.
+  hi, lo = sorted([free_port(), free_port()], reverse=True)
+  jobs = [f"localhost:{hi}", f"localhost:{lo}"]
+  results = finish(start_clients("init_only", [cluster_env(jobs, c)
+                                               for c in (0, 1)]), timeout=60)
+  for res in results:
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert 'RESULT initialized=true' in res.stdout
+
+
+# -- start-up failures: a clear Python error, in bounded time, no abort ----------------
+
+def assert_clean_failure(res, message):
+  assert res.returncode == 1, res.stdout + res.stderr
+  assert message in res.stdout, res.stdout + res.stderr
+  for crash in ("Check failed", "Fatal Python error", "Aborted", "*** SIG",
+                "Terminating process"):
+    assert crash not in res.stderr, res.stderr
+
+
+def test_coordinator_port_taken():
+  import socket
+  blocker = socket.socket()
+  blocker.bind(("127.0.0.1", 0))
+  blocker.listen(1)
+  port = blocker.getsockname()[1]
+  try:
+    jobs = [f"localhost:{port}", f"localhost:{free_port()}"]
+    start = time.monotonic()
+    [res] = finish(start_clients("init_only", [cluster_env(jobs, 0)]), timeout=60)
+  finally:
+    blocker.close()
+  assert_clean_failure(res, (
+      f"ERROR StartupError: Client 0 cannot start the coordinator for "
+      f"DTENSOR_JOBS[0]='localhost:{port}': 127.0.0.1:{port} is already in use by "
+      "another process; stop it, or choose a free port for DTENSOR_JOBS[0] "
+      "(`jdtensor launch` picks free ports)."))
+  assert time.monotonic() - start < 30
+
+
+def test_coordinator_never_starts():
+  port = free_port()
+  jobs = [f"localhost:{port}", f"localhost:{free_port()}"]
+  start = time.monotonic()
+  [res] = finish(start_clients("init_only", [cluster_env(
+      jobs, 1, JDTENSOR_INIT_TIMEOUT="2")]), timeout=60)
+  assert_clean_failure(res, (
+      f"ERROR StartupTimeoutError: Client 1 could not reach the coordinator at "
+      f"DTENSOR_JOBS[0]='localhost:{port}' within 2 s (the init timeout): client 0 "
+      "has not started it."))
+  assert time.monotonic() - start < 30
+
+
+def test_peer_never_starts():
+  port = free_port()
+  jobs = [f"localhost:{port}", f"localhost:{free_port()}", f"localhost:{free_port()}"]
+  [res] = finish(start_clients("init_only", [cluster_env(
+      jobs, 0, JDTENSOR_INIT_TIMEOUT="2")]), timeout=60)
+  assert_clean_failure(res, (
+      f"ERROR StartupTimeoutError: Client 0 waited 2 s (the init timeout) at the "
+      f"coordinator DTENSOR_JOBS[0]='localhost:{port}' for client(s) 1, 2, which "
+      "never connected."))
+
+
+def test_clients_disagree_on_jobs():
+  a, b, c = free_port(), free_port(), free_port()
+  envs = [cluster_env([f"localhost:{a}", f"localhost:{b}"], 0),
+          cluster_env([f"localhost:{a}", f"localhost:{c}"], 1)]
+  r0, r1 = finish(start_clients("init_only", envs), timeout=60)
+  expected = (f"Client 1 has DTENSOR_JOBS='localhost:{a},localhost:{c}' but client "
+              f"0 has 'localhost:{a},localhost:{b}'; every client needs the same "
+              "DTENSOR_JOBS.")
+  assert_clean_failure(r0, "ERROR StartupError: " + expected)
+  assert_clean_failure(r1, "ERROR StartupError: Client 1: start-up refused by "
+                       "client 0: " + expected)
+
+
+def test_duplicate_client_ids_and_device_counts():
+  jobs = [f"localhost:{free_port()}" for _ in range(3)]
+  envs = [cluster_env(jobs, 0), cluster_env(jobs, 1), cluster_env(jobs, 1)]
+  results = finish(start_clients("init_only", envs), timeout=60)
+  assert all(r.returncode == 1 for r in results), results
+  assert any("Two processes claim DTENSOR_CLIENT_ID=1" in r.stdout for r in results)
+  jobs = [f"localhost:{free_port()}" for _ in range(2)]
+  envs = [cluster_env(jobs, 0, devices=2), cluster_env(jobs, 1, devices=3)]
+  r0, _ = finish(start_clients("init_only", envs), timeout=60)
+  assert_clean_failure(r0, "Client 1 has 3 local devices but client 0 has 2")
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"DTENSOR_CLIENT_ID": "5"},
+     "ERROR ConfigError: Environment variable DTENSOR_CLIENT_ID must be < 2, got 5"),
+    ({"DTENSOR_NUM_CLIENTS": "3"}, "ERROR ConfigError: DTENSOR_NUM_CLIENTS='3' "
+     "disagrees with DTENSOR_JOBS="),
+    ({"JDTENSOR_INIT_TIMEOUT": "soon"}, "ERROR ConfigError: JDTENSOR_INIT_TIMEOUT="
+     "'soon' must be a finite number of seconds greater than 0."),
+], ids=["client-id-range", "num-clients-disagree", "bad-timeout"])
+def test_config_errors_before_anything_starts(extra, message):
+  jobs = [f"localhost:{free_port()}", f"localhost:{free_port()}"]
+  env = cluster_env(jobs, 0)
+  env.update(extra)
+  [res] = finish(start_clients("init_only", [env]), timeout=60)
+  assert_clean_failure(res, message)
