@@ -323,9 +323,11 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
             timeout_in_ms: int | None = None) -> None:
   """Blocks until every client reaches this point (DTensor's ``barrier``).
 
-  First an all-reduce of ones over every device of `mesh` (checked against
-  the mesh size), then, in multi-client runs, a coordination-service barrier
-  with DTensor's per-name ids (``name:0``, ``name:1``, ...).
+  In multi-client runs, a coordination-service barrier with DTensor's
+  per-name ids (``name:0``, ``name:1``, ...), bounded by `timeout_in_ms`;
+  then an all-reduce of ones over every device of `mesh`, checked against the
+  mesh size. (DTensor runs the all-reduce first, so a missing client blocks
+  it forever; here it raises `BarrierTimeoutError`.)
 
   Args:
     mesh: The mesh whose devices take part.
@@ -341,6 +343,13 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
   if barrier_name is None:
     barrier_name = "(barrier)"
   logging.info("entering barrier before op: %s", barrier_name)
+  if runtime.state().multi_client:
+    # Unlike DTensor, the bounded coordination barrier comes first: a client
+    # that never arrives then raises BarrierTimeoutError instead of leaving
+    # the others blocked inside the device all-reduce.
+    if timeout_in_ms is None:
+      timeout_in_ms = _DEFAULT_BARRIER_TIMEOUT_MS
+    runtime.wait_at_barrier(runtime.next_barrier_id(barrier_name), timeout_in_ms)
   jax_mesh = mesh.jax_mesh
   rank = len(mesh.shape())
   sharding = NamedSharding(jax_mesh, PartitionSpec(*mesh.dim_names))
@@ -353,9 +362,5 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
     # DTensor-compatible message.
     raise ValueError("Global barrier produced wrong mesh size : {0} while mesh "
                      "has actualsize : {1}".format(value, mesh.size))
-  if runtime.state().multi_client:
-    if timeout_in_ms is None:
-      timeout_in_ms = _DEFAULT_BARRIER_TIMEOUT_MS
-    runtime.wait_at_barrier(runtime.next_barrier_id(barrier_name), timeout_in_ms)
   logging.info("finished running barrier across all clients after op: %s",
                barrier_name)

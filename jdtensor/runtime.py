@@ -354,5 +354,6 @@ def wait_at_barrier(barrier_id: str, timeout_ms: int) -> None:
     if "DEADLINE_EXCEEDED" in str(e):
       raise BarrierTimeoutError(
           f"Barrier {barrier_id!r} timed out after {timeout_ms} ms: not every "
-          f"client arrived ({str(e).splitlines()[0]}).") from None
+          "client arrived. A client that is slow, stuck, or has exited never "
+          "reaches it; check the other clients' output.") from None
     raise RuntimeError(f"Barrier {barrier_id!r} failed: {e}") from None

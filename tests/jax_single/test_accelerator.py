@@ -82,3 +82,120 @@ def test_demo_command():
   assert out.count("over 8 steps") == 4
   assert out.count("(tolerance 1e-05): OK") == 4
   assert out.rstrip().endswith("OK")
+
+
+def test_create_distributed_mesh_single_client():
+  result = run_python("""
+      import jdtensor
+      def err(fn, *a, **k):
+        try:
+          fn(*a, **k)
+        except (ValueError, TypeError) as e:
+          return f"{type(e).__name__}: {e}"
+        raise AssertionError("no error")
+      print(err(jdtensor.create_distributed_mesh, [("x", 4)]))
+      jdtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=4)
+      m = jdtensor.create_distributed_mesh([("x", 4)], mesh_name="d")
+      print(m.to_string())
+      print(jdtensor.create_distributed_mesh({"x": 2, "y": 1}, local_devices=["CPU:2", "CPU:3"]).to_string())
+      print(err(jdtensor.create_distributed_mesh, [("x", 8)]))
+      print(err(jdtensor.create_distributed_mesh, [("x", 4)], local_devices=["CPU:0"], device_type="TPU"))
+      print(err(jdtensor.create_distributed_mesh, [("x", 1)], local_devices=["CPU:9"]))
+      # The seed's legacy keyword form, error by error in its order.
+      print(err(jdtensor.create_distributed_mesh, [("x", 4)], num_global_devices=0))
+      print(err(jdtensor.create_distributed_mesh, [("x", 4)], num_clients=0))
+      print(err(jdtensor.create_distributed_mesh, [("x", 4)], num_clients=2, client_id=-1))
+      print(err(jdtensor.create_distributed_mesh, [("x", 4)], num_clients=2, client_id=2))
+      print(err(jdtensor.create_distributed_mesh, [("x", 3)], num_global_devices=3, num_clients=2, client_id=0))
+      print(err(jdtensor.create_distributed_mesh, [("x", 16)], num_global_devices=16, num_clients=2, client_id=0))
+      print(jdtensor.create_distributed_mesh([("x", 4)], "", 4).to_string())
+      print(jdtensor.create_distributed_mesh([("x", 4)], num_global_devices=4, num_clients=2, client_id=1).to_string())
+      print(err(jdtensor.create_distributed_mesh, [("x", 4)], num_clients=1, device_type="TPU"))
+      print(err(jdtensor.create_distributed_mesh, [("x", 4)], client_id=0, device_type="XPU"))
+      """)
+  assert result.returncode == 0, result.stderr
+  cpu = "/job:localhost/replica:0/task:0/device:CPU:%d"
+  cpu1 = "/job:localhost/replica:0/task:1/device:CPU:%d"
+  assert result.stdout.splitlines() == [
+      "ValueError: Accelerators are uninitialized, please run "
+      "dtensor.initialize_accelerator_system() first.",
+      "d|x=4|0,1,2,3|0,1,2,3|" + ",".join(cpu % i for i in range(4)),
+      "|x=2,y=1|0,1|0,1|" + cpu % 2 + "," + cpu % 3,
+      "ValueError: Global number of devices (4 per client * 1 clients = 4) must "
+      "be equal to total size of the mesh of shape (8,)",
+      "ValueError: Do not specify devices for TPU meshes. Using a partial list of "
+      "devices for TPU is not supported.",
+      "ValueError: Device '/job:localhost/replica:0/task:0/device:CPU:9' does not "
+      "exist: client 0 has 4 CPU device(s) (CPU:0..CPU:3). Ask for fewer devices, "
+      "or start the process with more (initialize_accelerator_system("
+      "num_logical_cpu_devices=N) or the launcher's --devices-per-client).",
+      "ValueError: num_global_devices (0) must be > 0",
+      "ValueError: num_clients (0) must be > 0",
+      "ValueError: client_id (-1) must be >= 0",
+      "ValueError: client_id (2) must be < 2",
+      "ValueError: num_global_devices (3) must be divisible by num_clients (2)",
+      "ValueError: Not enough devices; 8 needed, only 4 available",
+      "|x=4|0,1,2,3|0,1,2,3|" + ",".join(cpu % i for i in range(4)),
+      "|x=4|0,1,2,3|2,3|" + cpu1 % 0 + "," + cpu1 % 1,
+      "ValueError: Do not specify num_clients for TPU meshes. It will be filled in "
+      "automatically from environmental variables.See api.py for the list of "
+      "environmental variables for DTensor.",
+      "ValueError: Device type XPU is not CPU, GPU or TPU",
+  ]
+
+
+def test_seed_initialize_multi_client_cluster_checks():
+  result = run_python("""
+      import os
+      import jdtensor
+      def err(fn, *a, **k):
+        try:
+          fn(*a, **k)
+        except ValueError as e:
+          return str(e)
+        raise AssertionError("no error")
+      f = jdtensor.initialize_multi_client_cluster
+      leader = "worker/replica:0/task:0"
+      print(err(f, "worker", ["h:1"], 0, leader))
+      os.environ["DTENSOR_NUM_CLIENTS"] = "2"
+      print(err(f, "worker", [], 0, leader))
+      print(err(f, "worker", ["h:1", "h:2", "h:3"], 0, leader))
+      del os.environ["DTENSOR_NUM_CLIENTS"]
+      print(err(f, "worker", ["h:1", "h:2"], 0, "/job:worker/replica:0/task:1"))
+      print(err(f, "worker", ["h:1", "h:2"], 2, leader))
+      os.environ["DTENSOR_NUM_CLIENTS"] = "3"
+      print(err(jdtensor.dtensor_initialize_multi_client))
+      del os.environ["DTENSOR_NUM_CLIENTS"]
+      jdtensor.dtensor_initialize_multi_client()  # Local mode: single client.
+      print(jdtensor.is_initialized(), err(f, "worker", ["h:1", "h:2"], 0, leader))
+      """)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines() == [
+      "DTENSOR_NUM_CLIENTS must be set greater than 1 for multi-client mode.",
+      "DTENSOR_JOBS environment variable is required when using multi-client "
+      "mode to properly set up communications between servers.",
+      "DTENSOR_JOBS environment variable must be configured with the same number "
+      "of items as DTENSOR_NUM_CLIENTS.",
+      "collective_leader='/job:worker/replica:0/task:1': in jdtensor the "
+      "collective leader is the JAX coordinator, task 0 "
+      "('/job:worker/replica:0/task:0').",
+      "client_id=2 must be an int in [0, 2).",
+      "DTENSOR_NUM_CLIENTS is set and not 1, while DTENSOR_JOB_NAME is set to "
+      "localhost for single client mode.",
+      "True Multi-client mode has already been initialized.",
+  ]
+
+
+def test_multi_client_init_after_backend_started_is_clear():
+  result = run_python("""
+      import jax, jdtensor
+      jax.devices()
+      try:
+        jdtensor.initialize_accelerator_system("CPU")
+      except RuntimeError as e:
+        print(e)
+      """, env=clean_env(DTENSOR_JOBS="localhost:1,localhost:2"))
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith(
+      "The JAX backend has already been started in this process, so it cannot "
+      "join a multi-client cluster.")

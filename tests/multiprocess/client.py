@@ -16,7 +16,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
 
 
 def result(key, value):
-  print(f"RESULT {key}={json.dumps(value)}", flush=True)
+  # One write() (atomic on a pipe), starting a fresh line: gloo's C++ threads
+  # print fragments of their connection notice to the same stdout.
+  sys.stdout.flush()
+  os.write(1, f"\nRESULT {key}={json.dumps(value)}\n".encode())
 
 
 def listening_address(port):
@@ -140,6 +143,23 @@ def scenario_legacy_init():
   result("legacy_init", [jdtensor.is_initialized(), mesh.to_string()])
 
 
+def scenario_barrier_timeout():
+  """Client 1 never reaches the barrier; client 0's must time out and raise."""
+  import time
+  import jdtensor
+  jdtensor.initialize_accelerator_system("CPU")
+  mesh = jdtensor.create_distributed_mesh([("x", jdtensor.num_clients())])
+  if jdtensor.client_id() == 1:
+    time.sleep(4)
+    result("skipped_barrier", True)
+    return
+  start = time.monotonic()
+  try:
+    jdtensor.barrier(mesh, "never", timeout_in_ms=1500)
+  except jdtensor.BarrierTimeoutError as e:
+    result("barrier_error", [str(e), round(time.monotonic() - start, 1)])
+
+
 def scenario_init_only():
   import jdtensor
   jdtensor.initialize_accelerator_system("CPU")
@@ -167,5 +187,6 @@ if __name__ == "__main__":
     globals()[f"scenario_{sys.argv[1]}"]()
   except Exception as e:  # pylint: disable=broad-except
     traceback.print_exc()
-    print(f"ERROR {type(e).__name__}: {e}", flush=True)
+    sys.stdout.flush()
+    os.write(1, f"\nERROR {type(e).__name__}: {e}\n".encode())
     sys.exit(1)

@@ -90,15 +90,8 @@ def test_killed_client_is_reported():
 
 def test_clients_die_with_a_killed_launcher():
   """Even SIGKILL to the launcher (no cleanup possible) leaves no client."""
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--timeout", "60",
-       "--", sys.executable, CLIENT, "sleep"],
-      env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      cwd=REPO, start_new_session=True)
+  proc, pids = start_launcher_with_sleepers()
   try:
-    pids, deadline = [], time.monotonic() + 30
-    while len(pids) < 2 and time.monotonic() < deadline:
-      pids += pids_in(proc.stdout.readline())
     assert len(pids) == 2
     proc.kill()
     proc.communicate(timeout=10)
@@ -119,17 +112,22 @@ def test_timeout_stops_everyone():
   assert res.reason == "jdtensor launch: timed out after 1.5 s; stopped clients 0, 1"
 
 
-def test_sigterm_to_launcher_stops_all_clients():
+def start_launcher_with_sleepers():
+  """`jdtensor launch -n 2` of sleeping clients; returns it and their pids."""
   proc = subprocess.Popen(
       [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--grace", "2",
        "--timeout", "60", "--", sys.executable, CLIENT, "sleep"],
       env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       cwd=REPO, start_new_session=True)
+  pids, deadline = [], time.monotonic() + 30
+  while len(pids) < 2 and time.monotonic() < deadline:
+    pids += pids_in(proc.stdout.readline())
+  return proc, pids
+
+
+def test_sigterm_to_launcher_stops_all_clients():
+  proc, pids = start_launcher_with_sleepers()
   try:
-    pids, deadline = [], time.monotonic() + 30
-    while len(pids) < 2 and time.monotonic() < deadline:
-      line = proc.stdout.readline()
-      pids += pids_in(line)
     assert len(pids) == 2
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)

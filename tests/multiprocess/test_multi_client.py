@@ -72,6 +72,18 @@ def test_legacy_dtensor_initialize_multi_client(monkeypatch):
   assert r[1]["legacy_init"] == [True, "|x=2|0,1|1|" + W.format(t=1, i=0)]
 
 
+def test_barrier_timeout_raises_instead_of_hanging(monkeypatch):
+  res, out, err = run_launcher(monkeypatch, 2, 1, "barrier_timeout", timeout=90)
+  assert res.exit_code == 0, out + err
+  r = parse_results(out)
+  message, seconds = r[0]["barrier_error"]
+  assert message == ("Barrier 'never:0' timed out after 1500 ms: not every client "
+                     "arrived. A client that is slow, stuck, or has exited never "
+                     "reaches it; check the other clients' output.")
+  assert 1.4 <= seconds < 10
+  assert r[1]["skipped_barrier"] is True
+
+
 def test_descending_ports():
   # DTensor's harness hands out ports in descending order to catch ordering bugs.
   hi, lo = sorted([free_port(), free_port()], reverse=True)

@@ -178,3 +178,23 @@ def test_parse_positive_float_rejects(raw):
 
 def test_parse_positive_float_accepts():
   assert _env.parse_positive_float("X", " 2.5 ") == 2.5
+
+
+def test_read_timeouts():
+  assert _env.read_timeouts({}) == _env.Timeouts(120.0, 100.0, 60.0)
+  t = _env.read_timeouts({"JDTENSOR_INIT_TIMEOUT": "5", "JDTENSOR_SHUTDOWN_TIMEOUT": "7"},
+                         heartbeat=3)
+  assert t == _env.Timeouts(5.0, 3.0, 7.0)
+  assert _env.read_timeouts({"JDTENSOR_INIT_TIMEOUT": "5"}, init=9).init == 9.0
+  with pytest.raises(ConfigError, match="^init_timeout='-1' must be"):
+    _env.read_timeouts({}, init=-1)
+
+
+def test_bind_address():
+  from jdtensor._rendezvous import bind_address
+  assert bind_address("localhost:9000", None) == ("127.0.0.1", 9000)
+  assert bind_address("10.1.2.3:9000", None) == ("10.1.2.3", 9000)
+  assert bind_address("[::1]:9000", None) == ("::1", 9000)
+  assert bind_address("localhost:9000", "0.0.0.0") == ("0.0.0.0", 9000)
+  assert bind_address("localhost:9000", "0.0.0.0:9100") == ("0.0.0.0", 9100)
+  assert bind_address("localhost:9000", "[::]") == ("::", 9000)
