@@ -39,6 +39,7 @@ from jdtensor.errors import (
 )
 from jdtensor.layout import MATCH, UNSHARDED, Layout, LayoutType, Mesh, MeshDimension
 from jdtensor.mesh_util import barrier, create_distributed_mesh, create_mesh
+from jdtensor.tpu.mesh import create_tpu_mesh, get_device_ids, get_device_locations
 
 __version__ = "0.1.0"
 
@@ -62,9 +63,12 @@ __all__ = [
     "client_id",
     "create_distributed_mesh",
     "create_mesh",
+    "create_tpu_mesh",
     "dtensor_initialize_multi_client",
     "fetch_layout",
     "full_job_name",
+    "get_device_ids",
+    "get_device_locations",
     "heartbeat_enabled",
     "initialize_accelerator_system",
     "initialize_multi_client",

@@ -49,6 +49,10 @@ def resolve_device(device: str) -> Any:
 def _mesh_devices(mesh: Mesh) -> list[Any]:
   """One jax.Device per global id, in global-id order."""
   size = int(np.prod(mesh.shape()))
+  registered = runtime.registered_tpu_mesh_devices(mesh.name)
+  if registered is not None and len(registered) == size and (
+      mesh.device_type() == "TPU"):
+    return registered  # A create_tpu_mesh ring order (DTensor's per-name ids).
   if mesh.global_devices():
     return [resolve_device(d) for d in mesh.global_devices()]
   local_ids = mesh.local_device_ids()

@@ -81,7 +81,8 @@ def initialize_accelerator_system(
     experimental_reset_context: JAX cannot reset a running backend; with
       True, a running backend is kept (with DTensor's warning) instead of
       being an error (single-client only).
-    experimental_enable_megcore: TPU megacore (used by the TPU system).
+    experimental_enable_megcore: TPU megacore: one device per chip, core ids
+      doubled (as DTensor).
     init_timeout: Seconds for the whole multi-client start-up
       (``JDTENSOR_INIT_TIMEOUT``, default 120).
     heartbeat_timeout: Seconds JAX's coordination service waits for a silent
@@ -102,8 +103,9 @@ def initialize_accelerator_system(
     StartupError: Multi-client start-up failed (see above).
     RuntimeError: If a running JAX backend prevents the requested set-up.
   """
-  del enable_coordination_service, experimental_enable_megcore  # See above.
+  del enable_coordination_service  # See above.
   return runtime.initialize(
+      megacore=bool(experimental_enable_megcore),
       device_type=device_type,
       num_logical_cpu_devices=num_logical_cpu_devices,
       experimental_reset_context=bool(experimental_reset_context),

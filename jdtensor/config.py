@@ -154,6 +154,10 @@ def num_local_devices(device_type: str) -> int:
   device_type = _check_device_type(device_type)
   if device_type == "CPU":
     return runtime.configured_cpu_device_count()
+  if device_type == "TPU":
+    simulated = runtime.simulated_tpu()
+    if simulated is not None:
+      return simulated.cores_per_host
   if runtime.backend_initialized():
     return len(runtime.client_devices(device_type, runtime.process_index()))
   return _physical_device_count(device_type)

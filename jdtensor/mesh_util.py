@@ -12,6 +12,7 @@ from absl import logging
 from jdtensor import _env, _interop, config, runtime
 from jdtensor.device_spec import DeviceSpec
 from jdtensor.layout import Mesh
+from jdtensor.tpu.mesh import create_tpu_mesh
 
 __all__ = ["create_mesh", "create_distributed_mesh", "barrier", "MeshDims"]
 
@@ -234,7 +235,12 @@ def create_distributed_mesh(mesh_dims: MeshDims,
                              cluster.client_id, mesh_name, use_xla_spmd,
                              tuple_shape=True)
   if device_type == "TPU":
-    raise NotImplementedError("TPU meshes arrive with the TPU system.")
+    cluster = _cluster()
+    mesh = create_tpu_mesh(dim_names, shape, mesh_name,
+                           use_xla_spmd=use_xla_spmd)
+    _print_context(config.num_global_devices("TPU"), cluster.num_clients,
+                   cluster.client_id, "TPU", mesh)
+    return mesh
   # DTensor-compatible message.
   raise ValueError(f"Device type {device_type} is not CPU, GPU or TPU")
 
@@ -311,7 +317,11 @@ def _create_distributed_mesh_legacy(mesh_dims: MeshDims, mesh_name: str,
                        ("num_clients", num_clients), ("client_id", client_id)):
       if value is not None:
         raise ValueError(_TPU_ARG_MESSAGE.format(arg=arg))
-    raise NotImplementedError("TPU meshes arrive with the TPU system.")
+    cluster = _cluster()
+    mesh = create_tpu_mesh(dim_names, shape, mesh_name)
+    _print_context(config.num_global_devices("TPU"), cluster.num_clients,
+                   cluster.client_id, "TPU", mesh)
+    return mesh
   raise ValueError(f"Device type {device_type} is not CPU, GPU or TPU")
 
 

@@ -26,7 +26,10 @@ from absl import logging
 
 from jdtensor import _env, _rendezvous
 from jdtensor.errors import (AlreadyInitializedError, BarrierTimeoutError,
-                             NotInitializedError)
+                             ConfigError, NotInitializedError)
+from jdtensor.tpu.topology import (JDTENSOR_SIMULATED_TPU_TOPOLOGY,
+                                   SimulatedTopology, Topology,
+                                   read_simulated_topology)
 
 __all__ = [
     "RuntimeState",
@@ -42,6 +45,10 @@ __all__ = [
     "PLATFORMS",
     "next_barrier_id",
     "wait_at_barrier",
+    "simulated_tpu",
+    "register_tpu_mesh",
+    "registered_tpu_mesh_devices",
+    "next_auto_mesh_name",
 ]
 
 # DTensor device type -> JAX platform name.
@@ -58,6 +65,9 @@ class RuntimeState:
     env: The cluster variables as read at initialisation.
     multi_client: Whether jax.distributed was initialised.
     timeouts: The time-outs in force.
+    simulated_tpu: The simulated TPU slice, if TPU cores are simulated on CPU.
+    tpu_topology: The merged TPU topology (TPU runs).
+    tpu_meshes: Devices of each mesh `create_tpu_mesh` registered, by name.
     init_seconds: Wall time `initialize` took.
   """
 
@@ -67,6 +77,10 @@ class RuntimeState:
   timeouts: _env.Timeouts = field(default_factory=_env.Timeouts)
   init_seconds: float = 0.0
   barrier_counts: dict[str, int] = field(default_factory=dict)
+  simulated_tpu: SimulatedTopology | None = None
+  tpu_topology: Topology | None = None
+  tpu_meshes: dict[str, list[Any]] = field(default_factory=dict)
+  auto_mesh_names: int = 0
   _device_table: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
 
 
@@ -120,6 +134,19 @@ def process_index() -> int:
   return jax.process_index()
 
 
+def simulated_tpu() -> SimulatedTopology | None:
+  """The simulated TPU slice in force (as initialised, else from the env)."""
+  if is_initialized():
+    return _state.simulated_tpu
+  return read_simulated_topology(os.environ)
+
+
+def _platform(device_type: str) -> str | None:
+  if device_type == "TPU" and simulated_tpu() is not None:
+    return "cpu"  # Simulated TPU cores are this client's CPU devices.
+  return PLATFORMS.get(device_type)
+
+
 def client_devices(device_type: str, client: int) -> list[Any]:
   """The visible `device_type` devices of one client, in DTensor index order.
 
@@ -130,7 +157,7 @@ def client_devices(device_type: str, client: int) -> list[Any]:
     cached = _state._device_table.get(key)  # pylint: disable=protected-access
     if cached is None:
       import jax  # pylint: disable=g-import-not-at-top
-      platform = PLATFORMS.get(key[0])
+      platform = _platform(key[0])
       try:
         devices = jax.devices(platform) if platform else []
       except RuntimeError:  # No backend for this platform.
@@ -152,6 +179,8 @@ def device_string(device: Any) -> str:
   """The DTensor device string of a ``jax.Device``."""
   device_type = {v: k for k, v in PLATFORMS.items()}.get(device.platform,
                                                          device.platform.upper())
+  if device_type == "CPU" and _state.device_type == "TPU" and _state.simulated_tpu:
+    device_type = "TPU"
   devices = client_devices(device_type, device.process_index)
   if device not in devices:
     raise ValueError(f"JAX device {device} is not a device jdtensor can use.")
@@ -167,7 +196,8 @@ def initialize(device_type: str | None = None,
                init_timeout: float | None = None,
                heartbeat_timeout: float | None = None,
                shutdown_timeout: float | None = None,
-               coordinator_bind_address: str | None = None) -> str:
+               coordinator_bind_address: str | None = None,
+               megacore: bool = False) -> str:
   """Sets up the runtime; see `jdtensor.initialize_accelerator_system`.
 
   Args:
@@ -202,7 +232,11 @@ def initialize(device_type: str | None = None,
         isinstance(num_logical_cpu_devices, bool) or num_logical_cpu_devices < 1):
       raise ValueError("num_logical_cpu_devices must be a positive int, got "
                        f"{num_logical_cpu_devices!r}.")
-    if device_type != "CPU":
+    simulated = read_simulated_topology(os.environ) if device_type == "TPU" else None
+    if simulated is not None:
+      num_logical_cpu_devices = _simulated_cpu_devices(simulated, env,
+                                                       num_logical_cpu_devices)
+    elif device_type != "CPU":
       n = config.num_local_devices(device_type)
       if num_logical_cpu_devices is None:
         num_logical_cpu_devices = max(configured_cpu_device_count(), n)
@@ -222,7 +256,11 @@ def initialize(device_type: str | None = None,
       raise ValueError(
           f"initialize_accelerator_system({device_type!r}): this process has no "
           f"{device_type} devices. Use device_type='CPU', or run where "
-          f"{device_type}s are attached.")
+          f"{device_type}s are attached (or simulate a TPU slice with "
+          f"{JDTENSOR_SIMULATED_TPU_TOPOLOGY}).")
+    if device_type == "TPU":
+      _state.tpu_topology = _init_tpu_system(env, simulated, megacore)
+      _state.simulated_tpu = simulated
     _state.device_type = device_type
     _state.env = env
     _state.multi_client = multi_client
@@ -231,6 +269,86 @@ def initialize(device_type: str | None = None,
     logging.info("jdtensor initialised %s in %.3f s (client %d of %d)",
                  device_type, _state.init_seconds, env.client_id, env.num_clients)
     return device_type
+
+
+def _explicit_cpu_device_count() -> int | None:
+  """The CPU device count the user configured for JAX, if any."""
+  if "jax" in sys.modules:
+    import jax  # pylint: disable=g-import-not-at-top
+    if jax.config.jax_num_cpu_devices and jax.config.jax_num_cpu_devices > 0:
+      return int(jax.config.jax_num_cpu_devices)
+  if os.environ.get("JAX_NUM_CPU_DEVICES") or _DEVICE_COUNT_FLAG.search(
+      os.environ.get("XLA_FLAGS", "")):
+    return configured_cpu_device_count()
+  return None
+
+
+def _simulated_cpu_devices(sim: SimulatedTopology, env: _env.ClusterEnv,
+                           requested: int | None) -> int:
+  """Checks a simulated TPU slice against the cluster; its CPU device count."""
+  raw = os.environ.get(JDTENSOR_SIMULATED_TPU_TOPOLOGY)
+  if sim.num_hosts != env.num_clients:
+    raise ConfigError(
+        f"{JDTENSOR_SIMULATED_TPU_TOPOLOGY}={raw!r} has {sim.num_hosts} host(s) "
+        f"of {sim.cores_per_host} cores, but there are {env.num_clients} "
+        f"client(s) in DTENSOR_JOBS; run one client per host (`jdtensor launch "
+        f"-n {sim.num_hosts} --devices-per-client {sim.cores_per_host}`).")
+  have = requested if requested is not None else _explicit_cpu_device_count()
+  if have is not None and have != sim.cores_per_host:
+    raise ConfigError(
+        f"{JDTENSOR_SIMULATED_TPU_TOPOLOGY}={raw!r} gives each host "
+        f"{sim.cores_per_host} cores, but this client is configured for {have} "
+        "CPU devices (num_logical_cpu_devices, JAX_NUM_CPU_DEVICES or the "
+        f"launcher's --devices-per-client); use {sim.cores_per_host}.")
+  return sim.cores_per_host
+
+
+def _init_tpu_system(env: _env.ClusterEnv, sim: SimulatedTopology | None,
+                     megacore: bool) -> Topology:
+  """DTensor's TPU system init: local core ids, psum merge, topology."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from jdtensor.layout import Mesh  # pylint: disable=g-import-not-at-top
+  from jdtensor.tpu import topology  # pylint: disable=g-import-not-at-top
+  n, cid = env.num_clients, env.client_id
+  if sim is not None:
+    bounds = list(sim.shape)
+    expected = [i for host in range(n) for i in sim.host_core_ids(host)]
+    source = f"{JDTENSOR_SIMULATED_TPU_TOPOLOGY}={os.environ.get(JDTENSOR_SIMULATED_TPU_TOPOLOGY)!r}"
+  else:
+    bounds, expected = topology.device_core_ids(jax.devices("tpu"))
+    source = "JAX's global TPU device view"
+  per_task = len(expected) // n
+  local = expected[cid * per_task:(cid + 1) * per_task]
+  if megacore:
+    if bounds[3] != 1:
+      raise ValueError(
+          "experimental_enable_megcore needs one device per TPU chip, but "
+          f"{source} has {bounds[3]} cores per chip.")
+    logging.info("Using TPU megacore")
+    local, expected = [2 * i for i in local], [2 * i for i in expected]
+    bounds = bounds[:3] + [2]  # Core ids count physical cores: 2 per chip.
+  logging.info("TPU core IDs: %s", local)
+  strings = [f"/job:{env.job_name}/replica:0/task:{cid}/device:TPU:{k}"
+             for k in range(per_task)]
+  merge_mesh = Mesh(["x"], np.arange(len(expected)),
+                    list(range(cid * per_task, (cid + 1) * per_task)), strings)
+  merged = topology.merge_core_ids(local, cid, n, merge_mesh)
+  logging.info("All TPU core IDs: %s", merged)
+  bad = [t for t in range(n) if merged[t * per_task:(t + 1) * per_task] !=
+         expected[t * per_task:(t + 1) * per_task]]
+  if bad:
+    raise RuntimeError(
+        "The TPU core ids merged across clients disagree with "
+        f"{source} for client(s) {', '.join(map(str, bad))}: merged {merged}, "
+        f"expected {expected}. Every client must run on the slice it reports "
+        "(same topology on every client).")
+  topo = topology.build_topology(merged, bounds, n)
+  logging.info("All TPU core locations: %s", topology.core_ids_to_locations(
+      merged, bounds))
+  logging.vlog(1, "TPU Topology: %s, %s", topo.mesh_shape, topo.device_coordinates)
+  return topo
 
 
 def _start_distributed(env: _env.ClusterEnv, device_type: str,
@@ -324,6 +442,10 @@ def shutdown() -> None:
       # DTensor-compatible: the system stays initialised.
       raise ValueError("Shutting down accelerator system under multi-client "
                        "mode is not supported.")
+    if _state.device_type == "TPU":
+      _state.tpu_topology = None
+      _state.tpu_meshes.clear()
+      logging.info("TPU system shut down.")
     _state.device_type = None
     _state.env = None
 
@@ -357,3 +479,32 @@ def wait_at_barrier(barrier_id: str, timeout_ms: int) -> None:
           "client arrived. A client that is slow, stuck, or has exited never "
           "reaches it; check the other clients' output.") from None
     raise RuntimeError(f"Barrier {barrier_id!r} failed: {e}") from None
+
+
+def register_tpu_mesh(name: str, devices: list[Any]) -> None:
+  """Records the devices of a TPU mesh by name (DTensor's ``set_tpu_core_ids``).
+
+  Raises:
+    ValueError: DTensor's message if the name is already registered.
+  """
+  with _lock:
+    if name in _state.tpu_meshes:
+      # DTensor-compatible message.
+      raise ValueError(f"Mesh name already in use: {name}")
+    _state.tpu_meshes[name] = list(devices)
+
+
+def registered_tpu_mesh_devices(name: str) -> list[Any] | None:
+  """The devices `register_tpu_mesh` recorded for `name`, if any."""
+  return _state.tpu_meshes.get(name)
+
+
+def next_auto_mesh_name() -> str:
+  """A default TPU mesh name that is the same on every client.
+
+  DTensor uses ``"mesh_%f" % time.time()``, which differs between clients.
+  """
+  with _lock:
+    name = f"mesh_{_state.auto_mesh_names}"
+    _state.auto_mesh_names += 1
+    return name

@@ -160,6 +160,45 @@ def scenario_barrier_timeout():
     result("barrier_error", [str(e), round(time.monotonic() - start, 1)])
 
 
+def scenario_tpu():
+  """A simulated TPU pod: merged core table, ring-ordered mesh, collectives."""
+  import jax
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+
+  import jdtensor
+  from jdtensor import Layout, runtime
+
+  assert jdtensor.initialize_accelerator_system() == "TPU"  # preferred type
+  topo = runtime.state().tpu_topology
+  result("core_ids", list(topo.core_ids))
+  result("topology_shape", list(topo.mesh_shape))
+  n = jdtensor.num_global_devices("TPU")
+  mesh = jdtensor.create_tpu_mesh(["batch", "model"], [2, n // 2], "two_host1")
+  result("mesh", mesh.to_string())
+  result("device_ids", jdtensor.get_device_ids(mesh))
+  result("locations", jdtensor.get_device_locations(mesh))
+  # Where each global id lives: (client, local ordinal) of its JAX device.
+  owners = [d.process_index for d in mesh.jax_mesh.devices.flat]
+  result("owners", owners)
+  # A cross-client psum over the ring-ordered mesh.
+  ring_mesh = jdtensor.create_tpu_mesh(["all"], [n], "ring1d", ring_dims=1)
+  jm = ring_mesh.jax_mesh
+  y = jax.make_array_from_callback(
+      (n,), Layout(["all"], ring_mesh).to_jax_sharding(),
+      lambda idx: np.arange(1, n + 1, dtype=np.float32)[idx])
+  s = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b, "all"), mesh=jm,
+                            in_specs=P("all"), out_specs=P()))(y)
+  result("psum", float(np.asarray(s.addressable_data(0))[0]))
+  # pack/unpack on the ring-ordered mesh: global id g holds value g.
+  layout = Layout(["all"], ring_mesh)
+  comps = [np.array([float(g)], np.float32) for g in ring_mesh.local_device_ids()]
+  packed = jdtensor.pack(comps, layout)
+  full = jdtensor.relayout(packed, Layout.replicated(ring_mesh, 1))
+  result("ring_values", np.asarray(full.addressable_data(0)).tolist())
+  jdtensor.barrier(ring_mesh, "tpu-end", timeout_in_ms=30_000)
+
+
 def scenario_init_only():
   import jdtensor
   jdtensor.initialize_accelerator_system("CPU")

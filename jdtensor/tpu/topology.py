@@ -1,0 +1,215 @@
+"""TPU topology: core ids, their merge across hosts, and simulated TPU pods.
+
+DTensor's TPU system (``tpu_util.initialize_tpu_system``) has every host find
+its local TPU core ids, merges them into one global table with an all-reduce
+(each host fills its slot of a zero vector; a sum over all devices merges
+them), and builds the topology from the merged core locations. This module
+holds the pieces; `jdtensor.runtime` runs them once at initialisation and owns
+the result.
+
+Core id of a core at chip (x, y, z), core c, in an X x Y x Z slice with C cores
+per chip: ``c + C*(x + X*(y + Y*z))``.
+
+Simulated TPU pods (``JDTENSOR_SIMULATED_TPU_TOPOLOGY="XxYxZxC"``) treat each
+client's CPU devices as its TPU cores: hosts are 2x2x1-chip blocks (DTensor's
+host bounds) clipped to the slice, numbered x fastest, then y, then z; client
+k is host k; inside a host, cores are numbered core fastest, then x, then y.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jdtensor.errors import ConfigError
+
+__all__ = [
+    "JDTENSOR_SIMULATED_TPU_TOPOLOGY",
+    "SimulatedTopology",
+    "read_simulated_topology",
+    "Topology",
+    "core_id",
+    "core_ids_to_locations",
+    "device_core_ids",
+    "build_topology",
+    "merge_core_ids",
+]
+
+JDTENSOR_SIMULATED_TPU_TOPOLOGY = "JDTENSOR_SIMULATED_TPU_TOPOLOGY"
+_SHAPE_RE = re.compile(r"\s*(\d+)x(\d+)x(\d+)x(\d+)\s*")
+
+
+def core_id(x: int, y: int, z: int, core: int, bounds: Sequence[int]) -> int:
+  """The core id of a location in a slice of `bounds` = [X, Y, Z, C]."""
+  return core + bounds[3] * (x + bounds[0] * (y + bounds[1] * z))
+
+
+def core_ids_to_locations(ids: Sequence[int], bounds: Sequence[int]
+                          ) -> list[tuple[int, int, int, int]]:
+  """Inverse of `core_id` (DTensor's ``tpu_core_ids_to_locations``)."""
+  x_size, y_size, _, cores = bounds
+  out = []
+  for i in ids:
+    chip, core = divmod(int(i), cores)
+    out.append((chip % x_size, (chip // x_size) % y_size,
+                chip // (x_size * y_size), core))
+  return out
+
+
+@dataclass(frozen=True)
+class SimulatedTopology:
+  """A TPU slice simulated on CPU devices (`JDTENSOR_SIMULATED_TPU_TOPOLOGY`).
+
+  Attributes:
+    shape: (X, Y, Z, C): chips along x, y, z and cores per chip.
+  """
+  shape: tuple[int, int, int, int]
+
+  @property
+  def host_chips(self) -> tuple[int, int]:
+    """Chips of one host along x and y (2x2, clipped to the slice)."""
+    return min(2, self.shape[0]), min(2, self.shape[1])
+
+  @property
+  def hosts_along(self) -> tuple[int, int, int]:
+    hx, hy = self.host_chips
+    return self.shape[0] // hx, self.shape[1] // hy, self.shape[2]
+
+  @property
+  def num_hosts(self) -> int:
+    nx, ny, nz = self.hosts_along
+    return nx * ny * nz
+
+  @property
+  def cores_per_host(self) -> int:
+    hx, hy = self.host_chips
+    return hx * hy * self.shape[3]
+
+  def host_locations(self, host: int) -> list[tuple[int, int, int, int]]:
+    """Host `host`'s cores in local-ordinal order (core, then x, then y)."""
+    nx, ny, _ = self.hosts_along
+    hx, hy = self.host_chips
+    x0, y0, z = (host % nx) * hx, (host // nx) % ny * hy, host // (nx * ny)
+    return [(x0 + dx, y0 + dy, z, c) for dy in range(hy) for dx in range(hx)
+            for c in range(self.shape[3])]
+
+  def host_core_ids(self, host: int) -> list[int]:
+    return [core_id(*loc, self.shape) for loc in self.host_locations(host)]
+
+
+def read_simulated_topology(environ: Mapping[str, str]) -> SimulatedTopology | None:
+  """Parses ``JDTENSOR_SIMULATED_TPU_TOPOLOGY``; None when unset.
+
+  Raises:
+    ConfigError: If it is not ``XxYxZxC`` with positive sizes, C is not 1 or 2,
+      or X or Y does not split into 2-chip host blocks.
+  """
+  raw = environ.get(JDTENSOR_SIMULATED_TPU_TOPOLOGY)
+  if raw is None or not raw.strip():
+    return None
+  match = _SHAPE_RE.fullmatch(raw)
+  name = JDTENSOR_SIMULATED_TPU_TOPOLOGY
+  if not match or any(int(g) < 1 for g in match.groups()):
+    raise ConfigError(
+        f"{name}={raw!r} is not a TPU slice shape; use XxYxZxC with positive "
+        "chip counts along x, y, z and cores per chip, e.g. '2x2x1x2' (one host "
+        "of 8 cores) or '4x4x1x2' (4 hosts).")
+  shape = tuple(int(g) for g in match.groups())
+  if shape[3] not in (1, 2):
+    raise ConfigError(f"{name}={raw!r}: TPU chips have 1 or 2 cores, got "
+                      f"{shape[3]}.")
+  for axis, size in (("x", shape[0]), ("y", shape[1])):
+    if size > 1 and size % 2:
+      raise ConfigError(
+          f"{name}={raw!r} does not divide into hosts: hosts are 2x2-chip "
+          f"blocks, so the {axis} size must be 1 or even, got {size}.")
+  return SimulatedTopology(shape)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Topology:
+  """The merged TPU topology of the whole cluster (DTensor's Topology).
+
+  Attributes:
+    mesh_shape: [X, Y, Z, cores_per_chip] from the merged locations.
+    device_coordinates: (num_tasks, devices_per_task, 4) locations by task
+      and local ordinal.
+    core_ids: Core id per task-device ordinal (the merged table).
+  """
+  mesh_shape: tuple[int, int, int, int]
+  device_coordinates: np.ndarray
+  core_ids: tuple[int, ...]
+
+  def task_ordinal(self) -> dict[tuple[int, int, int, int], tuple[int, int]]:
+    """location -> (task, local ordinal)."""
+    tasks, per_task, _ = self.device_coordinates.shape
+    return {tuple(int(v) for v in self.device_coordinates[t, k]): (t, k)
+            for t in range(tasks) for k in range(per_task)}
+
+
+def build_topology(core_ids: Sequence[int], bounds: Sequence[int],
+                   num_tasks: int) -> Topology:
+  """DTensor's ``_create_tpu_topology`` from the merged core ids."""
+  locations = np.array(core_ids_to_locations(core_ids, bounds), dtype=np.int64)
+  if locations.min(axis=0).tolist() != [0, 0, 0, 0]:
+    raise ValueError(f"TPU core locations do not start at 0: minimum "
+                     f"{locations.min(axis=0).tolist()}.")
+  shape = tuple(int(v) + 1 for v in locations.max(axis=0))
+  coords = locations.reshape(num_tasks, len(core_ids) // num_tasks, 4)
+  coords.setflags(write=False)
+  return Topology(shape, coords, tuple(int(i) for i in core_ids))  # type: ignore[arg-type]
+
+
+def device_core_ids(devices: Sequence[Any]) -> tuple[list[int], list[int]]:
+  """Core ids of real TPU devices, from their ``coords`` and ``core_on_chip``.
+
+  Args:
+    devices: Every TPU device of the cluster (``jax.devices('tpu')``, or fake
+      devices with ``process_index``, ``id``, ``coords``, ``core_on_chip``).
+
+  Returns:
+    (bounds [X, Y, Z, C] of the slice, core id per task-device ordinal).
+  """
+  coords = np.array([list(d.coords) + [d.core_on_chip] for d in devices])
+  bounds = [int(v) + 1 for v in coords.max(axis=0)]
+  ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+  return bounds, [core_id(*d.coords, d.core_on_chip, bounds) for d in ordered]
+
+
+def merge_core_ids(local_core_ids: Sequence[int], client_id: int,
+                   num_clients: int, mesh: Any) -> list[int]:
+  """DTensor's core-id merge: one all-reduce (psum) over every TPU device.
+
+  Each client writes its local core ids into its slot of a zero vector of
+  the global core count; that vector is its first local device's component,
+  zeros are the others'; a sum over the device axis merges them, so every
+  client ends with the same table, ordered by (task, local ordinal).
+
+  Args:
+    local_core_ids: This client's core ids, in local-ordinal order.
+    client_id: This client's id.
+    num_clients: Number of clients.
+    mesh: A 1-D DTensor mesh over every TPU device in task-ordinal order.
+
+  Returns:
+    The merged core ids.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+
+  from jdtensor.api import pack  # pylint: disable=g-import-not-at-top
+  from jdtensor.layout import UNSHARDED, Layout  # pylint: disable=g-import-not-at-top
+  total = mesh.size
+  per_task = total // num_clients
+  mine = np.zeros([1, total], np.int32)
+  mine[0, client_id * per_task:client_id * per_task + len(local_core_ids)] = (
+      local_core_ids)
+  components = [mine] + [np.zeros_like(mine)] * (per_task - 1)
+  packed = pack(components, Layout([mesh.dim_names[0], UNSHARDED], mesh))
+  merged = jax.jit(lambda a: a.sum(axis=0), out_shardings=NamedSharding(
+      mesh.jax_mesh, PartitionSpec()))(packed)
+  return np.asarray(merged.addressable_data(0)).astype(int).tolist()
