@@ -64,7 +64,8 @@ def test_tpu_without_tpus_is_clear():
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == (
       "initialize_accelerator_system('TPU'): this process has no TPU devices. "
-      "Use device_type='CPU', or run where TPUs are attached.")
+      "Use device_type='CPU', or run where TPUs are attached (or simulate a TPU "
+      "slice with JDTENSOR_SIMULATED_TPU_TOPOLOGY).")
 
 
 def test_demo_command():
