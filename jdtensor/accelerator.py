@@ -16,6 +16,10 @@ Environment variables read at initialisation (all parsed strictly):
   (100 s), ``JDTENSOR_SHUTDOWN_TIMEOUT`` (60 s): see `initialize_accelerator_system`.
 * ``JDTENSOR_COORDINATOR_BIND_ADDRESS``: where client 0's coordinator listens
   (default: the host of ``DTENSOR_JOBS[0]``; loopback for ``localhost``).
+* ``JDTENSOR_CLUSTER_DETECTION``: ``none`` (default), ``auto``, ``tpu``,
+  ``slurm`` or ``ompi``; see `jdtensor.cluster`.
+* ``JDTENSOR_SIMULATED_TPU_TOPOLOGY``: ``XxYxZxC``, simulate a TPU slice on
+  CPU devices; see `jdtensor.tpu.topology`.
 
 Mapping of TF concepts that JAX does not have:
 
@@ -56,6 +60,7 @@ def initialize_accelerator_system(
     heartbeat_timeout: float | None = None,
     shutdown_timeout: float | None = None,
     coordinator_bind_address: str | None = None,
+    cluster_detection: str | None = None,
 ) -> str:
   """Initialises the accelerator system (DTensor semantics, JAX underneath).
 
@@ -93,6 +98,10 @@ def initialize_accelerator_system(
       listens on (``JDTENSOR_COORDINATOR_BIND_ADDRESS``). The coordination
       service has no authentication: widen this (e.g. ``0.0.0.0``) only on a
       trusted network.
+    cluster_detection: ``none`` (default, DTensor semantics), ``auto``,
+      ``tpu``, ``slurm`` or ``ompi`` (``JDTENSOR_CLUSTER_DETECTION``): fill in
+      unset DTENSOR_JOBS/DTENSOR_CLIENT_ID from a TPU pod, SLURM or Open MPI
+      environment (see `jdtensor.cluster`).
 
   Returns:
     The initialised device type, upper-case.
@@ -111,7 +120,8 @@ def initialize_accelerator_system(
       experimental_reset_context=bool(experimental_reset_context),
       init_timeout=init_timeout, heartbeat_timeout=heartbeat_timeout,
       shutdown_timeout=shutdown_timeout,
-      coordinator_bind_address=coordinator_bind_address)
+      coordinator_bind_address=coordinator_bind_address,
+      cluster_detection=cluster_detection)
 
 
 def shutdown_accelerator_system() -> None:

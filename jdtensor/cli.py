@@ -7,6 +7,8 @@ Commands:
   (see `jdtensor.launcher`).
 * ``jdtensor demo [--steps K]``: 4 clients x 2 simulated CPU devices train a
   data + model parallel MLP on a (batch=4, model=2) distributed mesh.
+* ``jdtensor env [--detect auto|tpu|slurm|ompi]``: print the DTENSOR_* exports
+  derived from a TPU pod, SLURM or Open MPI environment.
 """
 
 from __future__ import annotations
@@ -70,6 +72,13 @@ def get_parser() -> argparse.ArgumentParser:
                     help="training steps (default 30)")
   demo.add_argument("--timeout", type=_positive_float, default=300.0,
                     help="stop the clients after this many seconds (default 300)")
+  env = commands.add_parser(
+      "env", help="print DTENSOR_* exports derived from a TPU pod/SLURM/MPI job",
+      description="Print `export DTENSOR_...=...` lines for this process, "
+      "derived from the cluster it runs in; variables already set are kept.")
+  env.add_argument("--detect", default="auto",
+                   choices=["auto", "tpu", "slurm", "ompi"],
+                   help="where to look (default auto)")
   client = commands.add_parser("demo-client", help=argparse.SUPPRESS)
   client.add_argument("--steps", type=_positive_int, default=30)
   return parser
@@ -103,6 +112,21 @@ def _demo(args: argparse.Namespace) -> int:
   return result.exit_code
 
 
+def _env_command(args: argparse.Namespace) -> int:
+  import shlex  # pylint: disable=g-import-not-at-top
+
+  from jdtensor import cluster  # pylint: disable=g-import-not-at-top
+  from jdtensor.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  try:
+    exports = cluster.resolve(method=args.detect)
+  except ConfigError as e:
+    print(f"jdtensor env: {e}", file=sys.stderr)
+    return 2
+  for name, value in exports.items():
+    print(f"export {name}={shlex.quote(value)}")
+  return 0
+
+
 def _demo_client(args: argparse.Namespace) -> int:
   from jdtensor import demo  # pylint: disable=g-import-not-at-top
   return 0 if demo.report(demo.run_demo_client(args.steps)) else 1
@@ -111,5 +135,5 @@ def _demo_client(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
   """Runs the command; returns the exit code."""
   args = get_parser().parse_args(argv)
-  return {"launch": _launch, "demo": _demo,
+  return {"launch": _launch, "demo": _demo, "env": _env_command,
           "demo-client": _demo_client}[args.command](args)

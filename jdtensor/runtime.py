@@ -25,6 +25,7 @@ from typing import Any
 from absl import logging
 
 from jdtensor import _env, _rendezvous
+from jdtensor import cluster as _cluster
 from jdtensor.errors import (AlreadyInitializedError, BarrierTimeoutError,
                              ConfigError, NotInitializedError)
 from jdtensor.tpu.topology import (JDTENSOR_SIMULATED_TPU_TOPOLOGY,
@@ -197,7 +198,8 @@ def initialize(device_type: str | None = None,
                heartbeat_timeout: float | None = None,
                shutdown_timeout: float | None = None,
                coordinator_bind_address: str | None = None,
-               megacore: bool = False) -> str:
+               megacore: bool = False,
+               cluster_detection: str | None = None) -> str:
   """Sets up the runtime; see `jdtensor.initialize_accelerator_system`.
 
   Args:
@@ -212,6 +214,13 @@ def initialize(device_type: str | None = None,
       raise AlreadyInitializedError(
           "Accelerator system has already been initialized. Call "
           "tf.experimental.dtensor.shutdown_accelerator_system() first.")
+    if cluster is None:
+      exports = _cluster.resolve(method=cluster_detection)
+      if exports:
+        # Only variables the user left unset; config functions and child
+        # processes then see the same cluster as the runtime.
+        logging.info("jdtensor: cluster detected, exporting %s", exports)
+        os.environ.update(exports)
     env = cluster if cluster is not None else _env.read_cluster_env()
     timeouts = _env.read_timeouts(init=init_timeout, heartbeat=heartbeat_timeout,
                                   shutdown=shutdown_timeout)

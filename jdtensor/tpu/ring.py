@@ -72,9 +72,9 @@ def _ring_key(locs: np.ndarray, rotate: bool) -> list[np.ndarray]:
   major = np.where(first == 1, -y, y)
   minor = np.where(y % 2 == 0, x, -x)
   keys_2d = [first, major, minor, core]
-  if len(np.unique(locs[:, 2])) == 1:
-    return keys_2d[::-1]
   z = locs[:, 2]
+  if (z == z[0]).all():
+    return keys_2d[::-1]
   corner = (locs[:, 0] == locs[:, 0].min()) & (locs[:, 1] == locs[:, 1].min())
   sign = np.where(z % 2 == 0, 1, -1)
   zeros = np.zeros_like(z)
@@ -116,8 +116,8 @@ def build_orthogonal_rings(core_locations: Sequence[Sequence[int]],
   of all rings into rings too (optionally rotated). Does not modify its input.
   """
   locs = _as_array(core_locations)
-  return [CoreLocation(*map(int, l)) for l in
-          _orthogonal(locs, ring_size, rotate_ring_across_rings)]
+  return [CoreLocation(*l) for l in
+          _orthogonal(locs, ring_size, rotate_ring_across_rings).tolist()]
 
 
 def _orthogonal(locs: np.ndarray, ring_size: int, rotate: bool) -> np.ndarray:
@@ -174,9 +174,9 @@ def enumerate_core_locations(bounds: Sequence[int], ring_bounds: Sequence[int],
     ValueError: DTensor's messages (unsupported slice, rings too small,
       ring_bounds below host bounds).
   """
-  return [CoreLocation(*map(int, l)) for l in _enumerate_locations(
+  return [CoreLocation(*l) for l in _enumerate_locations(
       list(bounds), list(ring_bounds), list(axes), can_split_host_across_rings,
-      ring_size)]
+      ring_size).tolist()]
 
 
 def _enumerate_locations(bounds: list[int], ring_bounds: list[int],
@@ -311,4 +311,4 @@ def ring_order(topology_shape: Sequence[int],
     locs = _orthogonal(locs, ring_size, rotate_ring_across_rings)
   else:
     locs = _ring_permuted(locs, ring_size)
-  return [tuple(map(int, l)) for l in locs]  # type: ignore[misc]
+  return list(map(tuple, locs.tolist()))

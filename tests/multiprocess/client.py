@@ -199,6 +199,15 @@ def scenario_tpu():
   jdtensor.barrier(ring_mesh, "tpu-end", timeout_in_ms=30_000)
 
 
+def scenario_detected():
+  """DTENSOR_* unset; the cluster comes from the (fake) SLURM environment."""
+  import jdtensor
+  jdtensor.initialize_accelerator_system("CPU")
+  mesh = jdtensor.create_distributed_mesh([("x", jdtensor.num_clients())])
+  jdtensor.barrier(mesh, timeout_in_ms=30_000)
+  result("detected", [jdtensor.client_id(), jdtensor.jobs(), mesh.to_string()])
+
+
 def scenario_init_only():
   import jdtensor
   jdtensor.initialize_accelerator_system("CPU")

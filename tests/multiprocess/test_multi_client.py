@@ -188,3 +188,22 @@ def test_config_errors_before_anything_starts(extra, message):
   env.update(extra)
   [res] = finish(start_clients("init_only", [env]), timeout=60)
   assert_clean_failure(res, message)
+
+
+def test_cluster_from_slurm_environment():
+  port = free_port()
+  envs = []
+  for task in (0, 1):
+    env = cluster_env([], task)
+    del env["DTENSOR_JOBS"], env["DTENSOR_CLIENT_ID"]
+    env.update(SLURM_JOB_ID="77", SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="2",
+               SLURM_PROCID=str(task), SLURM_STEP_TASKS_PER_NODE="2",
+               JAX_COORDINATOR_PORT=str(port), JDTENSOR_CLUSTER_DETECTION="slurm")
+    envs.append(env)
+  results = finish(start_clients("detected", envs), timeout=90)
+  for task, res in enumerate(results):
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = parse_results("\n".join(f"[client {task}] {l}" for l in res.stdout.splitlines()))
+    assert r[task]["detected"] == [
+        task, [f"localhost:{port}", f"localhost:{port + 1}"],
+        f"|x=2|0,1|{task}|/job:worker/replica:0/task:{task}/device:CPU:0"]

@@ -1,0 +1,260 @@
+"""DTENSOR_JOBS / DTENSOR_CLIENT_ID from a TPU pod, SLURM or Open MPI.
+
+PURE: standard library only; it reads the environment it is given.
+
+On a Cloud TPU pod slice, under ``srun`` or under ``mpirun``, the DTENSOR_*
+variables are usually not set, but the environment says who is who. Detection
+is opt-in (DTensor semantics: no DTENSOR_JOBS means one client): pass
+``cluster_detection=`` to `jdtensor.initialize_accelerator_system`, set
+``JDTENSOR_CLUSTER_DETECTION``, or print the variables with
+``jdtensor env --detect auto``.
+
+Rules:
+
+* DTENSOR_* that the user set always win; a detected cluster only fills them
+  in. When both exist and disagree (client count or client id), it is a
+  `ConfigError` naming both.
+* The coordinator port follows JAX's choice for each environment (so a
+  firewall opened for JAX fits): ``JAX_COORDINATOR_PORT`` if set, else 8482
+  on TPU pods, ``61440 + SLURM_JOB_ID % 4096`` under SLURM, and a port derived
+  from the Open MPI job id under mpirun.
+
+Sources:
+
+* ``tpu``: ``TPU_WORKER_HOSTNAMES`` (one host per worker, in worker order) and
+  ``TPU_WORKER_ID``, as on Cloud TPU VMs and GKE.
+* ``slurm``: ``SLURM_JOB_ID``, ``SLURM_STEP_NODELIST`` (or
+  ``SLURM_JOB_NODELIST``), ``SLURM_NTASKS``, ``SLURM_PROCID`` and
+  ``SLURM_STEP_TASKS_PER_NODE`` (or ``SLURM_TASKS_PER_NODE``); tasks are
+  assumed numbered node by node (SLURM's default block distribution). Client
+  k's entry is ``<its node>:<port + its local index>``.
+* ``ompi``: ``OMPI_COMM_WORLD_SIZE``, ``OMPI_COMM_WORLD_RANK`` and the
+  launcher address in ``OMPI_MCA_orte_hnp_uri``. Open MPI does not tell a rank
+  where the others run, so only the first entry (the coordinator, on the
+  mpirun host) is a real address; the others are placeholders on the same host
+  (jdtensor only ever connects to the first).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jdtensor import _env
+from jdtensor.errors import ConfigError
+
+__all__ = [
+    "JDTENSOR_CLUSTER_DETECTION",
+    "METHODS",
+    "DetectedCluster",
+    "detect",
+    "resolve",
+    "expand_hostlist",
+]
+
+JDTENSOR_CLUSTER_DETECTION = "JDTENSOR_CLUSTER_DETECTION"
+METHODS = ("none", "auto", "tpu", "slurm", "ompi")
+_TPU_PORT = 8482  # JAX's Cloud TPU coordinator port.
+
+
+@dataclass(frozen=True)
+class DetectedCluster:
+  """A cluster found in the environment.
+
+  Attributes:
+    method: ``tpu``, ``slurm`` or ``ompi``.
+    jobs: One ``host:port`` per client; the first is the coordinator.
+    client_id: This process's client id.
+  """
+  method: str
+  jobs: tuple[str, ...]
+  client_id: int
+
+
+def _int(environ: Mapping[str, str], name: str) -> int:
+  return _env.parse_int(name, environ[name],
+                        hint="it is set by the cluster's launcher.")
+
+
+def _port(environ: Mapping[str, str], default: int) -> int:
+  raw = environ.get("JAX_COORDINATOR_PORT")
+  if raw is None:
+    return default
+  port = _env.parse_int("JAX_COORDINATOR_PORT", raw,
+                        hint="give the coordinator's TCP port.")
+  if not 1 <= port <= 65535:
+    raise ConfigError(f"JAX_COORDINATOR_PORT={raw!r} is not a port in 1..65535.")
+  return port
+
+
+def expand_hostlist(nodelist: str) -> list[str]:
+  """SLURM's compressed host list, e.g. ``n[01-03,7],gpu5`` -> n01 n02 n03 n7 gpu5.
+
+  Raises:
+    ConfigError: For a malformed list.
+  """
+  hosts: list[str] = []
+  for match in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)(?:,|$)", nodelist):
+    prefix, ranges, suffix = match.groups()
+    if not prefix and not ranges:
+      continue
+    if ranges is None:
+      hosts.append(prefix + suffix)
+      continue
+    for part in ranges.split(","):
+      lo, _, hi = part.partition("-")
+      if not lo.isdigit() or (hi and not hi.isdigit()):
+        raise ConfigError(f"SLURM node list {nodelist!r} has a bad range {part!r}.")
+      for i in range(int(lo), int(hi or lo) + 1):
+        hosts.append(f"{prefix}{i:0{len(lo)}d}{suffix}")
+  if not hosts:
+    raise ConfigError(f"SLURM node list {nodelist!r} names no host.")
+  return hosts
+
+
+def _tasks_per_node(spec: str, nodes: int) -> list[int]:
+  """SLURM's ``2(x3),1`` -> [2, 2, 2, 1]."""
+  counts: list[int] = []
+  for part in spec.split(","):
+    m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+    if not m:
+      raise ConfigError(f"SLURM tasks per node {spec!r} is malformed at {part!r}.")
+    counts += [int(m.group(1))] * int(m.group(2) or 1)
+  if len(counts) != nodes:
+    raise ConfigError(f"SLURM tasks per node {spec!r} lists {len(counts)} nodes, "
+                      f"but the node list has {nodes}.")
+  return counts
+
+
+def _detect_tpu(environ: Mapping[str, str]) -> DetectedCluster | None:
+  if "TPU_WORKER_HOSTNAMES" not in environ or "TPU_WORKER_ID" not in environ:
+    return None
+  hosts = [h.strip() for h in environ["TPU_WORKER_HOSTNAMES"].split(",")]
+  if not all(hosts):
+    raise ConfigError(f"TPU_WORKER_HOSTNAMES={environ['TPU_WORKER_HOSTNAMES']!r} "
+                      "has an empty entry.")
+  port = _port(environ, _TPU_PORT)
+  return DetectedCluster("tpu", tuple(f"{h}:{port}" for h in hosts),
+                         _int(environ, "TPU_WORKER_ID"))
+
+
+def _detect_slurm(environ: Mapping[str, str]) -> DetectedCluster | None:
+  nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+  needed = ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_PROCID")
+  if not nodelist or any(k not in environ for k in needed):
+    return None
+  nodes = expand_hostlist(nodelist)
+  ntasks = _int(environ, "SLURM_NTASKS")
+  spec = (environ.get("SLURM_STEP_TASKS_PER_NODE") or
+          environ.get("SLURM_TASKS_PER_NODE") or f"{ntasks // len(nodes)}(x{len(nodes)})")
+  counts = _tasks_per_node(spec, len(nodes))
+  if sum(counts) != ntasks:
+    raise ConfigError(f"SLURM_NTASKS={ntasks} but the tasks per node {spec!r} "
+                      f"add up to {sum(counts)}.")
+  port = _port(environ, 61440 + _int(environ, "SLURM_JOB_ID") % 4096)
+  jobs = tuple(f"{node}:{port + k}" for node, n in zip(nodes, counts)
+               for k in range(n))
+  return DetectedCluster("slurm", jobs, _int(environ, "SLURM_PROCID"))
+
+
+def _detect_ompi(environ: Mapping[str, str]) -> DetectedCluster | None:
+  uri = environ.get("OMPI_MCA_orte_hnp_uri")
+  if not uri or "OMPI_COMM_WORLD_SIZE" not in environ:
+    return None
+  # As JAX derives it: "1531576320.0;tcp://10.96.0.1,10.148.0.1:34911".
+  match = re.search(r"tcp://(.+?)[,:]|tcp6://\[(.+?)[,\]]", uri)
+  job = uri.split(".", 1)[0]
+  if not match or not job.isdigit():
+    raise ConfigError(f"OMPI_MCA_orte_hnp_uri={uri!r} does not name the mpirun "
+                      "host; set DTENSOR_JOBS instead.")
+  host = match.group(1) or f"[{match.group(2)}]"
+  size = _int(environ, "OMPI_COMM_WORLD_SIZE")
+  port = _port(environ, (int(job) // 2**12) % 2**12 + 65535 - 2**12 + 1)
+  if port + size - 1 > 65535:
+    port = 65535 - size + 1
+  return DetectedCluster("ompi", tuple(f"{host}:{port + r}" for r in range(size)),
+                         _int(environ, "OMPI_COMM_WORLD_RANK"))
+
+
+_DETECTORS = {"tpu": _detect_tpu, "slurm": _detect_slurm, "ompi": _detect_ompi}
+
+
+def _check_method(method: str) -> str:
+  if method not in METHODS:
+    raise ConfigError(f"cluster_detection={method!r} is not one of "
+                      f"{', '.join(METHODS)}.")
+  return method
+
+
+def detect(environ: Mapping[str, str] | None = None, method: str = "auto"
+           ) -> DetectedCluster | None:
+  """The cluster the environment describes, or None.
+
+  Args:
+    environ: The environment (default ``os.environ``).
+    method: ``auto`` tries tpu, then slurm, then ompi; or one of them.
+
+  Raises:
+    ConfigError: For an unknown method or a malformed cluster variable.
+  """
+  env = os.environ if environ is None else environ
+  if _check_method(method) == "none":
+    return None
+  for name in (("tpu", "slurm", "ompi") if method == "auto" else (method,)):
+    found = _DETECTORS[name](env)
+    if found is not None:
+      return found
+  return None
+
+
+def resolve(environ: Mapping[str, str] | None = None, method: str | None = None
+            ) -> dict[str, str]:
+  """The DTENSOR_* variables to export for this process.
+
+  Args:
+    environ: The environment (default ``os.environ``).
+    method: Detection method; default ``JDTENSOR_CLUSTER_DETECTION``, else
+      ``none``.
+
+  Returns:
+    ``DTENSOR_JOBS`` and ``DTENSOR_CLIENT_ID`` to set, only for variables the
+    user has not set; ``{}`` when nothing is detected or nothing is missing.
+
+  Raises:
+    ConfigError: Unknown method; a named method that finds nothing; a
+      detected cluster that disagrees with the DTENSOR_* the user set.
+  """
+  env = os.environ if environ is None else environ
+  if method is None:
+    method = env.get(JDTENSOR_CLUSTER_DETECTION, "none").strip().lower() or "none"
+  found = detect(env, method)
+  if found is None:
+    if method not in ("none", "auto"):
+      raise ConfigError(f"cluster_detection={method!r}: this process is not part "
+                        f"of a {method} cluster (its variables are not set).")
+    return {}
+  user_jobs = _env.jobs(env)
+  user_id = env.get(_env.DTENSOR_CLIENT_ID)
+  if user_jobs:
+    if len(user_jobs) != len(found.jobs) or (
+        user_id is not None and _env.client_id(env) != found.client_id):
+      raise ConfigError(
+          f"DTENSOR_JOBS={','.join(user_jobs)!r} (client "
+          f"{user_id if user_id is not None else 0}) disagrees with the {found.method} "
+          f"cluster ({len(found.jobs)} clients, this is client {found.client_id}). "
+          "Unset DTENSOR_JOBS/DTENSOR_CLIENT_ID to use the cluster's, or turn "
+          "cluster detection off.")
+    return {}
+  if user_id is not None and _env.parse_int(_env.DTENSOR_CLIENT_ID, user_id) != (
+      found.client_id):
+    raise ConfigError(
+        f"DTENSOR_CLIENT_ID={user_id!r} disagrees with the {found.method} "
+        f"cluster, where this process is client {found.client_id}.")
+  out = {_env.DTENSOR_JOBS: ",".join(found.jobs)}
+  if user_id is None:
+    out[_env.DTENSOR_CLIENT_ID] = str(found.client_id)
+  # Validate what we would export, as the runtime will read it.
+  _env.read_cluster_env({**env, **out})
+  return out
