@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import bench_ring  # noqa: E402
+from benchmarks import bench_heartbeat, bench_ring  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -35,6 +35,13 @@ def main(argv=None) -> int:
       "results asserted before timing), interleaved in one process.",
       "",
       bench_ring.main(["--repeats", str(args.repeats)]),
+      "",
+      "## Heartbeat overhead",
+      "",
+      "`python benchmarks/bench_heartbeat.py`: heartbeat off, period 1 s and "
+      "0.1 s, interleaved runs under `jdtensor launch`. Target: at most 1% at 1 s.",
+      "",
+      bench_heartbeat.main(["--repeats", str(args.repeats)]),
   ]
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
   with open(path, "w") as f:

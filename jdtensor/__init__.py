@@ -34,6 +34,7 @@ from jdtensor.errors import (
     JDTensorError,
     BarrierTimeoutError,
     NotInitializedError,
+    PeerFailureError,
     StartupError,
     StartupTimeoutError,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "Mesh",
     "MeshDimension",
     "NotInitializedError",
+    "PeerFailureError",
     "StartupError",
     "StartupTimeoutError",
     "UNSHARDED",

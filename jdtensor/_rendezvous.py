@@ -10,13 +10,16 @@ exception that says what is wrong, every client first meets client 0 here:
 1. Client 0 binds the coordinator address (``DTENSOR_JOBS[0]``'s host, or the
    bind address asked for) and listens on the coordinator port.
 2. Every other client connects (retrying until the init deadline) and sends a
-   JSON hello: its client id, the cluster as it sees it, its device count.
+   JSON hello: its client id, the cluster as it sees it, its device count,
+   whether its heartbeat is on.
 3. Client 0 checks that all hellos agree (same ``DTENSOR_JOBS``, distinct
-   ids, equal device counts), answers ``go`` or the error to everyone, and
+   ids, equal device counts, heartbeat on everywhere or nowhere), answers
+   ``go`` or the error to everyone, and
    closes the listener; JAX's coordination service then binds the same port.
 
 After it, every client is known to be alive and consistent, so JAX's own
-initialisation does not hit its aborting time-outs.
+initialisation does not hit its aborting time-outs. The connections stay open
+as liveness links (`Links`), which the heartbeat watches.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ import errno
 import json
 import select
 import socket
+import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from jdtensor.errors import StartupError, StartupTimeoutError
 
-__all__ = ["Hello", "split_host_port", "bind_address", "rendezvous"]
+__all__ = ["Hello", "Links", "split_host_port", "bind_address", "rendezvous"]
 
 _PROTOCOL = 1
 _POLL_SECONDS = 0.05
@@ -43,11 +48,13 @@ class Hello:
   num_clients: int
   jobs: tuple[str, ...]
   local_devices: int
+  heartbeat: bool = True
 
   def to_json(self) -> bytes:
     return (json.dumps({"jdtensor": _PROTOCOL, "client_id": self.client_id,
                         "num_clients": self.num_clients, "jobs": list(self.jobs),
-                        "local_devices": self.local_devices}) + "\n").encode()
+                        "local_devices": self.local_devices,
+                        "heartbeat": self.heartbeat}) + "\n").encode()
 
   @classmethod
   def from_json(cls, line: bytes) -> Hello:
@@ -55,7 +62,8 @@ class Hello:
     if data.get("jdtensor") != _PROTOCOL:
       raise ValueError(f"not a jdtensor hello: {line[:80]!r}")
     return cls(int(data["client_id"]), int(data["num_clients"]),
-               tuple(data["jobs"]), int(data["local_devices"]))
+               tuple(data["jobs"]), int(data["local_devices"]),
+               bool(data["heartbeat"]))
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -132,7 +140,7 @@ def _recv_line(sock: socket.socket, deadline: float) -> bytes | None:
 
 
 def _serve(me: Hello, host: str, port: int, coordinator: str, timeout: float,
-           deadline: float) -> None:
+           deadline: float) -> dict[int, socket.socket]:
   listener = _listen(host, port, coordinator)
   peers: dict[int, tuple[socket.socket, Hello]] = {}
   pending: list[socket.socket] = []
@@ -175,9 +183,9 @@ def _serve(me: Hello, host: str, port: int, coordinator: str, timeout: float,
       _reply(sock, message)
     if problems:
       raise StartupError(problems[0])
-    # Let the peers close first, so the port is free of TIME_WAIT on our side.
-    for sock, _ in peers.values():
-      _recv_line(sock, time.monotonic() + 2)
+    links = {client: sock for client, (sock, _) in peers.items()}
+    peers.clear()  # Kept open as liveness links; not closed below.
+    return links
   finally:
     for sock in pending:
       sock.close()
@@ -196,6 +204,11 @@ def _check(me: Hello, hello: Hello, peers: dict[int, tuple[socket.socket, Hello]
     return (f"Two processes claim DTENSOR_CLIENT_ID={hello.client_id}; give "
             f"each of the {me.num_clients} clients its own id "
             f"0..{me.num_clients - 1}.")
+  if hello.heartbeat != me.heartbeat:
+    return (f"Client {hello.client_id} has the heartbeat "
+            f"{'on' if hello.heartbeat else 'off'} but client 0 has it "
+            f"{'on' if me.heartbeat else 'off'}; set DTENSOR_ENABLE_HEARTBEAT the "
+            "same on every client.")
   if hello.local_devices != me.local_devices:
     return (f"Client {hello.client_id} has {hello.local_devices} local devices "
             f"but client 0 has {me.local_devices}; DTensor meshes need the same "
@@ -210,7 +223,8 @@ def _reply(sock: socket.socket, message: dict[str, object]) -> None:
     pass
 
 
-def _join(me: Hello, coordinator: str, timeout: float, deadline: float) -> None:
+def _join(me: Hello, coordinator: str, timeout: float, deadline: float
+          ) -> socket.socket:
   host, port = split_host_port(coordinator)
   while True:
     remaining = deadline - time.monotonic()
@@ -226,15 +240,16 @@ def _join(me: Hello, coordinator: str, timeout: float, deadline: float) -> None:
     except OSError:
       time.sleep(min(_POLL_SECONDS, max(remaining, 0)))
       continue
-    with sock:
-      sock.setblocking(True)
-      try:
-        sock.sendall(me.to_json())
-      except OSError:
-        time.sleep(_POLL_SECONDS)
-        continue
-      line = _recv_line(sock, deadline)
+    sock.setblocking(True)
+    try:
+      sock.sendall(me.to_json())
+    except OSError:
+      sock.close()
+      time.sleep(_POLL_SECONDS)
+      continue
+    line = _recv_line(sock, deadline)
     if line is None:
+      sock.close()
       if time.monotonic() >= deadline:
         continue  # Reported as a timeout above.
       raise StartupError(
@@ -243,13 +258,14 @@ def _join(me: Hello, coordinator: str, timeout: float, deadline: float) -> None:
           "a jdtensor client 0, or it failed. Check client 0's output.")
     reply = json.loads(line)
     if "error" in reply:
+      sock.close()
       raise StartupError(f"Client {me.client_id}: start-up refused by client 0: "
                          f"{reply['error']}")
-    return
+    return sock
 
 
 def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
-               timeout: float) -> None:
+               timeout: float) -> Links:
   """Meets every client at the coordinator port, or raises.
 
   Args:
@@ -257,6 +273,9 @@ def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
     coordinator: ``DTENSOR_JOBS[0]``.
     bind: Where client 0 listens (see `bind_address`).
     timeout: Seconds to wait in all.
+
+  Returns:
+    The connections, kept open as liveness links (see `Links`).
 
   Raises:
     StartupError: Port taken, bind address not on this host, inconsistent
@@ -266,6 +285,101 @@ def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
   """
   deadline = time.monotonic() + timeout
   if me.client_id == 0:
-    _serve(me, bind[0], bind[1], coordinator, timeout, deadline)
-  else:
-    _join(me, coordinator, timeout, deadline)
+    return Links(0, _serve(me, bind[0], bind[1], coordinator, timeout, deadline))
+  return Links(me.client_id, {0: _join(me, coordinator, timeout, deadline)})
+
+
+class Links:
+  """The rendezvous connections, kept open to notice a dead process at once.
+
+  A star: client 0 holds one connection per client, every other client one to
+  client 0. A process that exits normally says ``bye`` first; an end of
+  stream without it means the process died. Failure reports (`report`) go
+  through client 0 to every other client, so all of them know within
+  milliseconds (JAX's own detection takes its heartbeat time-out, or aborts
+  the survivors with a C++ fatal log when client 0 dies).
+  """
+
+  def __init__(self, client_id: int, sockets: dict[int, socket.socket]):
+    self.client_id = client_id
+    self._sockets = dict(sockets)
+    self._closing = False
+    self._lock = threading.Lock()
+
+  def watch(self, on_death: Callable[[int, str], None],
+            on_report: Callable[[list[int], str, int], None]) -> None:
+    """Calls, from a daemon thread, ``on_death(client, how)`` when a linked
+    process ends without saying goodbye, and ``on_report(clients, why,
+    reporter)`` when another client reports failed clients."""
+    threading.Thread(target=self._watch, args=(on_death, on_report),
+                     daemon=True, name="jdtensor-liveness").start()
+
+  def _watch(self, on_death: Callable[[int, str], None],
+             on_report: Callable[[list[int], str, int], None]) -> None:
+    buffers = {client: b"" for client in self._sockets}
+    while self._sockets and not self._closing:
+      by_socket = {s: c for c, s in self._sockets.items()}
+      try:
+        ready, _, _ = select.select(list(by_socket), [], [], 5.0)
+      except (OSError, ValueError):
+        return  # Closed under us: we are exiting.
+      for sock in ready:
+        client = by_socket[sock]
+        try:
+          chunk = sock.recv(4096)
+        except OSError:
+          chunk = b""
+        if not chunk:
+          self._drop(client)
+          if not self._closing:
+            on_death(client, "its process ended without saying goodbye"
+                     if client != 0 else "the coordinator's process ended")
+          continue
+        buffers[client] += chunk
+        while b"\n" in buffers[client]:
+          line, buffers[client] = buffers[client].split(b"\n", 1)
+          try:
+            message = json.loads(line)
+          except ValueError:
+            continue
+          if message.get("bye"):
+            self._drop(client)
+          elif "failed" in message and not self._closing:
+            failed = [int(c) for c in message["failed"]]
+            reporter = int(message.get("by", client))
+            if self.client_id == 0:  # Relay to everyone else.
+              self._send(message, skip={client, *failed})
+            if self.client_id not in failed:
+              on_report(failed, str(message.get("why", "")), reporter)
+
+  def _drop(self, client: int) -> None:
+    with self._lock:
+      sock = self._sockets.pop(client, None)
+    if sock is not None:
+      sock.close()
+
+  def _send(self, message: dict[str, object], skip: set[int] = frozenset()
+            ) -> None:
+    with self._lock:
+      targets = [s for c, s in self._sockets.items() if c not in skip]
+    for sock in targets:
+      _reply(sock, message)
+
+  def report(self, clients: Sequence[int], why: str) -> None:
+    """Tells the others which clients failed and why, before this process stops.
+
+    Sent before this process's connections close, so every client learns the
+    culprit rather than blaming this process's exit. Not sent to the culprits.
+    """
+    failed = [int(c) for c in clients]
+    self._send({"failed": failed, "why": why, "by": self.client_id},
+               skip=set(failed))
+
+  def goodbye(self) -> None:
+    """Tells the others this process is exiting normally, and closes."""
+    self._closing = True
+    self._send({"bye": True})
+    with self._lock:
+      sockets, self._sockets = list(self._sockets.values()), {}
+    for sock in sockets:
+      sock.close()

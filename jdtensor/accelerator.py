@@ -11,7 +11,9 @@ Environment variables read at initialisation (all parsed strictly):
   one client, ``worker`` otherwise).
 * ``DTENSOR_NUM_CLIENTS`` (legacy): if set, must equal ``len(DTENSOR_JOBS)``.
 * ``DTENSOR_ENABLE_HEARTBEAT``: start the heartbeat in multi-client runs
-  (default true).
+  (default true); ``JDTENSOR_HEARTBEAT_PERIOD`` (default 2 s) and
+  ``JDTENSOR_HEARTBEAT_POLICY`` (terminate, raise, log): see
+  `jdtensor.heartbeat`.
 * ``JDTENSOR_INIT_TIMEOUT`` (default 120 s), ``JDTENSOR_HEARTBEAT_TIMEOUT``
   (100 s), ``JDTENSOR_SHUTDOWN_TIMEOUT`` (60 s): see `initialize_accelerator_system`.
 * ``JDTENSOR_COORDINATOR_BIND_ADDRESS``: where client 0's coordinator listens
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import os
 
-from jdtensor import _env, runtime
+from jdtensor import _env, heartbeat, runtime
 from jdtensor.errors import ConfigError
 
 __all__ = [
@@ -113,7 +115,7 @@ def initialize_accelerator_system(
     RuntimeError: If a running JAX backend prevents the requested set-up.
   """
   del enable_coordination_service  # See above.
-  return runtime.initialize(
+  return _initialize(
       megacore=bool(experimental_enable_megcore),
       device_type=device_type,
       num_logical_cpu_devices=num_logical_cpu_devices,
@@ -141,6 +143,15 @@ def shutdown_accelerator_system() -> None:
 def is_initialized() -> bool:
   """Whether the accelerator system is initialised."""
   return runtime.is_initialized()
+
+
+def _initialize(**kwargs) -> str:
+  """runtime.initialize, then the heartbeat in multi-client runs."""
+  device_type = runtime.initialize(**kwargs)
+  env = runtime.state().env
+  if runtime.state().multi_client and env is not None and env.heartbeat_enabled:
+    heartbeat.start(heartbeat.read_period())
+  return device_type
 
 
 # DTensor's aliases.
@@ -241,4 +252,4 @@ def initialize_multi_client_cluster(job_name: str,
       job_name=job_name, heartbeat_enabled=_env.read_bool(
           _env.DTENSOR_ENABLE_HEARTBEAT, True),
       gpu_use_nccl_communication=False)
-  runtime.initialize(cluster=cluster)
+  _initialize(cluster=cluster)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from jdtensor import _interop
+from jdtensor import _interop, runtime
 from jdtensor.layout import Layout
 
 __all__ = ["pack", "unpack", "fetch_layout", "relayout", "call_with_layout"]
@@ -34,6 +34,7 @@ def pack(local_components: Sequence[Any], layout: Layout) -> Any:
     ValueError: Wrong number of components, or components whose shapes or
       dtypes differ.
   """
+  runtime.check_health()
   import jax  # pylint: disable=g-import-not-at-top
   mesh = layout.mesh
   local_devices = mesh.local_devices()
@@ -61,6 +62,7 @@ def fetch_layout(array: Any) -> Layout:
   The mesh is the jdtensor mesh the sharding was made from (name included)
   when it came from `Layout.to_jax_sharding`, else one built from the JAX mesh.
   """
+  runtime.check_health()
   return Layout.from_jax_sharding(array.sharding, rank=array.ndim)
 
 
@@ -70,6 +72,7 @@ def unpack(array: Any) -> list[Any]:
   Returns:
     One ``jax.Array`` per local device of the array's mesh, each on its device.
   """
+  runtime.check_health()
   layout = fetch_layout(array)
   by_device = {shard.device: shard.data for shard in array.addressable_shards}
   return [by_device[_interop.resolve_device(d)]
@@ -78,6 +81,7 @@ def unpack(array: Any) -> list[Any]:
 
 def relayout(array: Any, layout: Layout) -> Any:
   """`array` resharded to `layout` (a collective when shards move)."""
+  runtime.check_health()
   import jax  # pylint: disable=g-import-not-at-top
   return jax.jit(lambda x: x, out_shardings=layout.to_jax_sharding())(array)
 
@@ -90,6 +94,7 @@ def call_with_layout(fn: Callable[..., Any], layout: Layout, *args: Any,
   is passed as a constant, so ``call_with_layout(jnp.ones, layout, (8, 4))``
   creates the array directly in its shards.
   """
+  runtime.check_health()
   import jax  # pylint: disable=g-import-not-at-top
   is_array = lambda v: isinstance(v, (jax.Array, np.ndarray))  # noqa: E731
   array_args = [a for a in args if is_array(a)]

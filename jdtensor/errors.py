@@ -9,6 +9,7 @@ more specific jdtensor types.
 from __future__ import annotations
 
 __all__ = [
+    "PEER_FAILURE_EXIT_CODE",
     "JDTensorError",
     "ConfigError",
     "NotInitializedError",
@@ -16,7 +17,14 @@ __all__ = [
     "StartupError",
     "StartupTimeoutError",
     "BarrierTimeoutError",
+    "PeerFailureError",
 ]
+
+
+# Exit code of a client the heartbeat stopped because another client failed
+# (EX_TEMPFAIL: restarting the job may help). The launcher uses it to tell
+# root causes from their consequences.
+PEER_FAILURE_EXIT_CODE = 75
 
 
 class JDTensorError(Exception):
@@ -54,3 +62,15 @@ class StartupTimeoutError(StartupError, TimeoutError):
 
 class BarrierTimeoutError(JDTensorError, TimeoutError):
   """Not every client reached a `barrier` within its time-out."""
+
+
+class PeerFailureError(JDTensorError, RuntimeError):
+  """The heartbeat found a dead, stuck or out-of-sync client.
+
+  Attributes:
+    client_ids: The clients that failed.
+  """
+
+  def __init__(self, message: str, client_ids: tuple[int, ...] = ()):
+    super().__init__(message)
+    self.client_ids = tuple(client_ids)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from jdtensor import _env
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 
 __all__ = ["LaunchSpec", "LaunchResult", "free_ports", "worker_env", "launch",
            "is_gloo_noise"]
@@ -257,11 +258,17 @@ class _Supervisor:
         result.exit_code = 128 + self.stop_signal
         break
       if failed:
+        # Root cause first: a client the heartbeat stopped because a peer
+        # failed (PEER_FAILURE_EXIT_CODE) is a consequence, not a cause.
+        failed.sort(key=lambda f: (f[1] == PEER_FAILURE_EXIT_CODE, f[0]))
         client, code = failed[0]
         stopped = self.stop_all()
         result.first_failure = client
         result.reason = (f"jdtensor launch: client {client} {_describe(code)}; "
                          f"stopped clients {', '.join(map(str, stopped)) or 'none'}")
+        also = [f"client {c} {_describe(k)}" for c, k in failed[1:]]
+        if also:
+          result.reason += f" (also: {', '.join(also)})"
         result.exit_code = code if code > 0 else 128 - code
         break
       if all(c == 0 for c in codes):

@@ -142,6 +142,7 @@ def create_mesh(mesh_dims: MeshDims | None = None,
       process (TF segfaults later instead).
     TypeError: For arguments of the wrong type.
   """
+  runtime.check_health()
   specs, device_type = _make_device_specs(devices, device_type)
   base = DeviceSpec(job=config.job_name(), replica=0, task=0)
   specs = [base.make_merged_spec(d) for d in specs]
@@ -210,6 +211,7 @@ def create_distributed_mesh(mesh_dims: MeshDims,
   Raises:
     ValueError: DTensor's errors, in DTensor's order and with its messages.
   """
+  runtime.check_health()
   if isinstance(local_devices, int) and not isinstance(local_devices, bool):
     num_global_devices, local_devices = local_devices, None
   if (num_global_devices is not None or num_clients is not None or
@@ -348,6 +350,7 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
     ValueError: DTensor's message if the all-reduce gives the wrong count.
     jdtensor.BarrierTimeoutError: If not every client arrived in time.
   """
+  runtime.check_health()
   import jax  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
   if barrier_name is None:

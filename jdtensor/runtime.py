@@ -12,6 +12,7 @@ DTensor ids.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import re
@@ -50,6 +51,11 @@ __all__ = [
     "register_tpu_mesh",
     "registered_tpu_mesh_devices",
     "next_auto_mesh_name",
+    "heartbeat_devices",
+    "kv_set",
+    "kv_dir",
+    "record_peer_failure",
+    "check_health",
 ]
 
 # DTensor device type -> JAX platform name.
@@ -69,6 +75,10 @@ class RuntimeState:
     simulated_tpu: The simulated TPU slice, if TPU cores are simulated on CPU.
     tpu_topology: The merged TPU topology (TPU runs).
     tpu_meshes: Devices of each mesh `create_tpu_mesh` registered, by name.
+    reserve_heartbeat_device: Whether each client's last CPU device is kept
+      for the heartbeat (every multi-client run).
+    peer_failure: The failure the heartbeat recorded under policy "raise".
+    links: The rendezvous connections, kept as liveness links.
     init_seconds: Wall time `initialize` took.
   """
 
@@ -82,6 +92,9 @@ class RuntimeState:
   tpu_topology: Topology | None = None
   tpu_meshes: dict[str, list[Any]] = field(default_factory=dict)
   auto_mesh_names: int = 0
+  reserve_heartbeat_device: bool = False
+  peer_failure: Exception | None = None
+  links: _rendezvous.Links | None = None
   _device_table: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
 
 
@@ -173,7 +186,29 @@ def _group(devices: list[Any], device_type: str) -> dict[tuple[str, int], list[A
   table: dict[tuple[str, int], list[Any]] = {}
   for d in sorted(devices, key=lambda d: (d.process_index, d.id)):
     table.setdefault((device_type, d.process_index), []).append(d)
+  if _state.reserve_heartbeat_device and devices and devices[0].platform == "cpu":
+    for key in table:  # The last CPU device of every client is the heartbeat's.
+      table[key] = table[key][:-1]
   return table
+
+
+def heartbeat_devices() -> list[Any]:
+  """The CPU device each client reserves for the heartbeat, in client order.
+
+  No jdtensor API ever returns these devices, so no user computation built
+  with jdtensor can share the heartbeat's replica group.
+
+  Raises:
+    NotInitializedError: Outside an initialised multi-client run.
+  """
+  if not (_state.multi_client and _state.reserve_heartbeat_device):
+    raise NotInitializedError("The heartbeat needs an initialised multi-client "
+                              "run (DTENSOR_JOBS with several clients).")
+  import jax  # pylint: disable=g-import-not-at-top
+  by_client: dict[int, list[Any]] = {}
+  for d in sorted(jax.devices("cpu"), key=lambda d: d.id):
+    by_client.setdefault(d.process_index, []).append(d)
+  return [by_client[c][-1] for c in sorted(by_client)]
 
 
 def device_string(device: Any) -> str:
@@ -374,16 +409,23 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
   deadline = time.monotonic() + timeouts.init
   coordinator = env.jobs[0]
   bind = _rendezvous.bind_address(coordinator, bind_override)
-  if device_type == "CPU":
+  if device_type in ("CPU",) or (device_type == "TPU" and
+                                 read_simulated_topology(os.environ)):
     local = cpu_devices or configured_cpu_device_count()
   else:
     local = config.num_local_devices(device_type)
   logging.info("jdtensor client %d of %d: meeting the coordinator at %s",
                env.client_id, env.num_clients, coordinator)
-  _rendezvous.rendezvous(
-      _rendezvous.Hello(env.client_id, env.num_clients, env.jobs, local),
+  _state.links = _rendezvous.rendezvous(
+      _rendezvous.Hello(env.client_id, env.num_clients, env.jobs, local,
+                        env.heartbeat_enabled),
       coordinator, bind, timeouts.init)
-  _set_cpu_device_count(cpu_devices, False)
+  atexit.register(_state.links.goodbye)
+  # One extra, hidden CPU device per client carries the heartbeat (see
+  # heartbeat_devices); the device table leaves it out from now on.
+  visible = cpu_devices or configured_cpu_device_count()
+  _state.reserve_heartbeat_device = True
+  _set_cpu_device_count(visible + 1, False)
   import jax  # pylint: disable=g-import-not-at-top
   host, port = bind
   jax.distributed.initialize(
@@ -517,3 +559,49 @@ def next_auto_mesh_name() -> str:
     name = f"mesh_{_state.auto_mesh_names}"
     _state.auto_mesh_names += 1
     return name
+
+
+def _coordination_client() -> Any:
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  client = distributed.global_state.client
+  if client is None:
+    raise NotInitializedError("No multi-client runtime: call "
+                              "initialize_accelerator_system() first.")
+  return client
+
+
+def kv_set(key: str, value: str) -> None:
+  """Sets a key in the coordination service's key-value store (overwriting)."""
+  _coordination_client().key_value_set(key, value, allow_overwrite=True)
+
+
+def kv_dir(prefix: str, timeout: float) -> dict[str, str] | None:
+  """Every key under `prefix`, or None if the store did not answer in time.
+
+  The RPC runs on a helper thread so that a dead coordinator cannot block
+  the caller beyond `timeout` seconds.
+  """
+  out: list[dict[str, str]] = []
+
+  def read() -> None:
+    try:
+      out.append(dict(_coordination_client().key_value_dir_get(prefix)))
+    except Exception:  # pylint: disable=broad-except
+      pass
+  thread = threading.Thread(target=read, daemon=True, name="jdtensor-kv")
+  thread.start()
+  thread.join(timeout)
+  return out[0] if out else None
+
+
+def record_peer_failure(error: Exception) -> None:
+  """Keeps a heartbeat failure to raise at the next jdtensor call."""
+  with _lock:
+    if _state.peer_failure is None:
+      _state.peer_failure = error
+
+
+def check_health() -> None:
+  """Raises the recorded heartbeat failure (policy "raise"), if any."""
+  if _state.peer_failure is not None:
+    raise _state.peer_failure

@@ -60,7 +60,7 @@ def run_python(code: str, env: dict[str, str] | None = None,
 CLIENT = os.path.join(REPO, "tests", "multiprocess", "client.py")
 # Short runtime time-outs for tests (JAX's own harness uses 10/5/15 s).
 TEST_TIMEOUTS = {"JDTENSOR_INIT_TIMEOUT": "30", "JDTENSOR_HEARTBEAT_TIMEOUT": "10",
-                 "JDTENSOR_SHUTDOWN_TIMEOUT": "15"}
+                 "JDTENSOR_SHUTDOWN_TIMEOUT": "15", "JDTENSOR_HEARTBEAT_PERIOD": "0.2"}
 
 
 def free_port() -> int:
@@ -128,3 +128,63 @@ def pid_alive(pid: int) -> bool:
       return f.read().split(")")[-1].split()[0] != "Z"
   except OSError:
     return False
+
+
+class LiveClients:
+  """client.py processes whose output is read as it comes (for kill tests)."""
+
+  def __init__(self, scenario: str, envs: list[dict[str, str]]):
+    import threading  # pylint: disable=g-import-not-at-top
+    self.procs = start_clients(scenario, envs)
+    self.out = ["" for _ in envs]
+    self.err = ["" for _ in envs]
+    self.ended: dict[int, float] = {}
+    self._lock = threading.Lock()
+    self._threads = []
+    for i, proc in enumerate(self.procs):
+      for stream, sink in ((proc.stdout, self.out), (proc.stderr, self.err)):
+        t = threading.Thread(target=self._pump, args=(i, stream, sink), daemon=True)
+        t.start()
+        self._threads.append(t)
+
+  def _pump(self, i, stream, sink):
+    for line in iter(stream.readline, ""):
+      with self._lock:
+        sink[i] += line
+
+  def wait_for(self, marker: str, clients: list[int], timeout: float) -> bool:
+    import time  # pylint: disable=g-import-not-at-top
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      with self._lock:
+        if all(marker in self.out[i] for i in clients):
+          return True
+      time.sleep(0.02)
+    return False
+
+  def wait_exit(self, start: float, timeout: float) -> dict[int, float]:
+    """Seconds from `start` (monotonic) to each client's exit; kills leftovers."""
+    import time  # pylint: disable=g-import-not-at-top
+    deadline = start + timeout
+    while time.monotonic() < deadline and len(self.ended) < len(self.procs):
+      for i, proc in enumerate(self.procs):
+        if i not in self.ended and proc.poll() is not None:
+          self.ended[i] = time.monotonic() - start
+      time.sleep(0.01)
+    self.close()
+    return self.ended
+
+  def close(self) -> None:
+    for proc in self.procs:
+      if proc.poll() is None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+          try:
+            os.killpg(proc.pid, sig)
+          except ProcessLookupError:
+            pass
+      try:
+        proc.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        pass
+    for t in self._threads:
+      t.join(timeout=5)

@@ -208,6 +208,143 @@ def scenario_detected():
   result("detected", [jdtensor.client_id(), jdtensor.jobs(), mesh.to_string()])
 
 
+def _user_psum_setup():
+  """Jitted psums over (a) every device, (b) a host axis, (c) one device per
+  client, on a (client, device) mesh: the groups a user program can form."""
+  import jax
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+
+  import jdtensor
+  from jdtensor import Layout
+  n, local = jdtensor.num_clients(), jdtensor.num_local_devices("CPU")
+  mesh = jdtensor.create_distributed_mesh([("host", n), ("dev", local)])
+  jm = mesh.jax_mesh
+
+  def make(width):
+    return jax.make_array_from_callback(
+        (n, local * width), Layout(["host", "dev"], mesh).to_jax_sharding(),
+        lambda idx: np.arange(n * local * width, dtype=np.float32).reshape(
+            n, local * width)[idx])
+  fns = {axes: jax.jit(jax.shard_map(lambda b, a=axes: jax.lax.psum(b, a), mesh=jm,
+                                     in_specs=P("host", "dev"),
+                                     out_specs=P("host", "dev")))
+         for axes in (("host", "dev"), "host", "dev")}
+  return n, local, make, fns
+
+
+def _check_psum(n, local, width, axes, out):
+  import numpy as np
+  full = np.arange(n * local * width, dtype=np.float32).reshape(n, local, width)
+  if axes == ("host", "dev"):
+    want = full.sum(axis=(0, 1))
+  elif axes == "host":
+    want = full.sum(axis=0)
+  else:
+    want = full.sum(axis=1)
+  for shard in out.addressable_shards:
+    h = shard.index[0].start or 0
+    d = (shard.index[1].start or 0) // width
+    expected = want if axes == ("host", "dev") else (want[d] if axes == "host" else want[h])
+    if not np.array_equal(np.asarray(shard.data).reshape(-1), expected.reshape(-1)):
+      return False
+  return True
+
+
+def scenario_heartbeat_basic():
+  import time
+  import jdtensor
+  from jdtensor import heartbeat
+  jdtensor.initialize_accelerator_system("CPU")
+  hb = heartbeat.current()
+  result("running", [hb is not None, hb.period, hb.policy, hb.token])
+  again = heartbeat.start(5.0)
+  result("second_start_same_event", again is hb.event)
+  time.sleep(1.0)
+  hb.event.set()
+  result("stopped", hb.stopped.wait(10))
+  result("beats_ge_3", hb.beats >= 3)
+  result("beats", hb.beats)
+
+
+def scenario_heartbeat_stress():
+  """Thousands of user psums while the heartbeat beats every 10-50 ms."""
+  import time
+  import jdtensor
+  from jdtensor import heartbeat
+  jdtensor.initialize_accelerator_system("CPU")
+  n, local, make, fns = _user_psum_setup()
+  inputs = {w: make(w) for w in (1, 3, 16, 64)}
+  wrong = done = 0
+  start = time.monotonic()
+  for i in range(int(os.environ.get("STRESS_ITERS", "1500"))):
+    width = (1, 3, 16, 64)[i % 4]
+    axes = (("host", "dev"), "host", "dev")[(i // 4) % 3]
+    out = fns[axes](inputs[width])
+    if not _check_psum(n, local, width, axes, out):
+      wrong += 1
+    done += 1
+  elapsed = time.monotonic() - start
+  hb = heartbeat.current()
+  hb.event.set()
+  result("stress", {"done": done, "wrong": wrong,
+                    "stopped": hb.stopped.wait(20), "failure": str(hb.failure)})
+  result("beats", hb.beats)
+  result("seconds", round(elapsed, 1))
+
+
+def scenario_heartbeat_victim():
+  """Everyone works; the test SIGKILLs one client; the others must notice."""
+  import time
+  import jdtensor
+  jdtensor.initialize_accelerator_system("CPU")
+  n, local, make, fns = _user_psum_setup()
+  x = make(1)
+  fns["dev"](x).block_until_ready()  # Steady state: programs built and run.
+  result("ready", os.getpid())
+  deadline = time.monotonic() + 60
+  try:
+    while time.monotonic() < deadline:
+      fns["dev"](x).block_until_ready()  # Local work: no peer needed.
+      jdtensor.create_mesh([("x", 1)], devices=["CPU:0"])  # A jdtensor call.
+      time.sleep(0.01)
+  except jdtensor.PeerFailureError as e:
+    result("peer_failure", [str(e), list(e.client_ids)])
+    os._exit(0)  # Skip JAX's shutdown barrier with a dead peer.
+  result("survived", True)
+
+
+def scenario_heartbeat_token():
+  """Client 1's token goes out of sync (what a restarted client would send)."""
+  import time
+  import jdtensor
+  from jdtensor import heartbeat
+  jdtensor.initialize_accelerator_system("CPU")
+  hb = heartbeat.current()
+  time.sleep(0.5)
+  if jdtensor.client_id() == 1:
+    hb.token ^= 0x5A5A
+  deadline = time.monotonic() + 20
+  while time.monotonic() < deadline and hb.failure is None:
+    time.sleep(0.05)
+  result("failure", [str(hb.failure), list(hb.failure.client_ids)
+                     if hb.failure else None])
+  os._exit(0)
+
+
+def scenario_heartbeat_manual():
+  import threading
+  import jdtensor
+  from jdtensor import heartbeat
+  jdtensor.initialize_accelerator_system("CPU")
+  result("auto_started", heartbeat.current() is not None or any(
+      "heartbeat" in t.name for t in threading.enumerate()))
+  event = heartbeat.start(0.1, policy="raise")
+  hb = heartbeat.current()
+  event.set()
+  result("manual", [hb.stopped.wait(20), hb.failure is None])
+
+
 def scenario_init_only():
   import jdtensor
   jdtensor.initialize_accelerator_system("CPU")

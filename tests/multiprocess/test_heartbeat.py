@@ -1,0 +1,186 @@
+"""The heartbeat: real processes, the real psum on the reserved devices."""
+
+import io
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from jdtensor import heartbeat, launcher
+from tests.helpers import (CLIENT, TEST_TIMEOUTS, LiveClients, cluster_env, finish,
+                           free_port, parse_results, run_python, start_clients)
+
+pytestmark = pytest.mark.multiprocess
+
+
+def results_of(res_list):
+  return [parse_results("\n".join(f"[client {i}] {l}" for l in r.stdout.splitlines()))[i]
+          for i, r in enumerate(res_list)]
+
+
+def jobs(n):
+  return [f"localhost:{free_port()}" for _ in range(n)]
+
+
+def test_token_agreement_second_start_and_agreed_stop():
+  js = jobs(2)
+  res = finish(start_clients("heartbeat_basic", [cluster_env(js, c) for c in (0, 1)]),
+               timeout=90)
+  assert all(r.returncode == 0 for r in res), [r.stdout + r.stderr for r in res]
+  r0, r1 = results_of(res)
+  assert r0["running"][:3] == [True, 0.2, "terminate"]
+  assert r0["running"][3] == r1["running"][3]  # Client 0's token, everywhere.
+  assert r0["second_start_same_event"] and r1["second_start_same_event"]
+  assert r0["stopped"] and r1["stopped"] and r0["beats_ge_3"]
+  assert r0["beats"] == r1["beats"]  # Every client stopped after the same beat.
+  assert "A heartbeat thread is already running, skipping this one." in res[0].stderr
+
+
+@pytest.mark.parametrize("clients,devices,period", [(2, 2, "0.02"), (3, 1, "0.05")])
+def test_stress_user_psums_beside_the_heartbeat(clients, devices, period):
+  js = jobs(clients)
+  envs = [cluster_env(js, c, devices=devices, JDTENSOR_HEARTBEAT_PERIOD=period,
+                      STRESS_ITERS="1200") for c in range(clients)]
+  res = finish(start_clients("heartbeat_stress", envs), timeout=240)
+  assert all(r.returncode == 0 for r in res), [r.stdout[-2000:] + r.stderr[-3000:]
+                                               for r in res]
+  out = results_of(res)
+  for r in out:
+    assert r["stress"] == {"done": 1200, "wrong": 0, "stopped": True,
+                           "failure": "None"}
+  assert len({r["beats"] for r in out}) == 1 and out[0]["beats"] > 10
+
+
+@pytest.mark.parametrize("victim", [2, 0], ids=["worker", "coordinator"])
+def test_sigkilled_client_every_survivor_exits_within_5s(victim):
+  js = jobs(3)
+  envs = [cluster_env(js, c, devices=2, JDTENSOR_HEARTBEAT_PERIOD="1")
+          for c in range(3)]
+  live = LiveClients("heartbeat_victim", envs)
+  try:
+    assert live.wait_for("RESULT ready", [0, 1, 2], timeout=60), live.err
+    time.sleep(0.5)
+    start = time.monotonic()
+    os.kill(live.procs[victim].pid, signal.SIGKILL)
+    ended = live.wait_exit(start, timeout=30)
+  finally:
+    live.close()
+  survivors = [c for c in range(3) if c != victim]
+  for c in survivors:
+    assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
+    assert ended[c] < 5.0, ended
+    assert f"heartbeat: client {victim} missed beat " in live.err[c]
+    assert "stopping this client" in live.err[c]
+    assert "RESULT survived" not in live.out[c]
+
+
+def test_stuck_client_sigstop_is_named_within_period_plus_deadline():
+  js = jobs(3)
+  envs = [cluster_env(js, c, JDTENSOR_HEARTBEAT_PERIOD="1") for c in range(3)]
+  live = LiveClients("heartbeat_victim", envs)
+  try:
+    assert live.wait_for("RESULT ready", [0, 1, 2], timeout=60), live.err
+    time.sleep(0.5)
+    start = time.monotonic()
+    os.kill(live.procs[1].pid, signal.SIGSTOP)  # Alive, but frozen.
+    deadline = start + 15
+    while time.monotonic() < deadline and not all(
+        live.procs[c].poll() is not None for c in (0, 2)):
+      time.sleep(0.02)
+    elapsed = time.monotonic() - start
+  finally:
+    live.close()  # SIGKILL reaches the stopped process too.
+  for c in (0, 2):
+    assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
+    assert "heartbeat: client 1 missed beat " in live.err[c], live.err[c]
+  assert elapsed < 1 + heartbeat.deadline_for(1) + 1.5, elapsed
+
+
+def test_launcher_reports_the_killed_client(monkeypatch):
+  for k, v in TEST_TIMEOUTS.items():
+    monkeypatch.setenv(k, v)
+  out, err = io.StringIO(), io.StringIO()
+  code = ("import os, time, jdtensor\n"
+          "jdtensor.initialize_accelerator_system('CPU')\n"
+          "if jdtensor.client_id() == 1:\n"
+          "  time.sleep(1); os.kill(os.getpid(), 9)\n"
+          "time.sleep(30)\n")
+  start = time.monotonic()
+  res = launcher.launch(launcher.LaunchSpec(
+      command=("python3", "-c", code), num_clients=3, timeout=60, grace=10),
+      out=out, err=err)
+  assert res.first_failure == 1, err.getvalue()
+  assert res.reason.startswith("jdtensor launch: client 1 was killed by SIGKILL")
+  assert res.exit_code == 128 + 9
+  assert time.monotonic() - start < 30
+  # The survivors' heartbeats saw it before the launcher's SIGTERM arrived.
+  text = err.getvalue()
+  assert "heartbeat: client 1 missed beat" in text or "stopped clients 0, 2" in text
+
+
+def test_out_of_sync_token_is_detected():
+  js = jobs(3)
+  envs = [cluster_env(js, c, JDTENSOR_HEARTBEAT_POLICY="log") for c in range(3)]
+  res = finish(start_clients("heartbeat_token", envs), timeout=90)
+  out = results_of(res)
+  for c in (0, 2):
+    message, ids = out[c]["failure"]
+    assert ids == [1], out[c]
+    # Each client finds it in its own beat, or first hears client 0's report.
+    assert re.fullmatch(r"heartbeat: client 1 sent token \d+ instead of \d+ in beat "
+                        r"\d+ \(restarted or out of sync\)( \(reported by client "
+                        r"0\))?; carrying on \(policy 'log'\)", message), message
+  message, ids = out[1]["failure"]
+  assert ids == [1]
+  assert message.startswith("heartbeat: this client (1) is out of sync: it sent token ")
+
+
+def test_policy_raise_surfaces_at_the_next_jdtensor_call():
+  js = jobs(3)
+  envs = [cluster_env(js, c, JDTENSOR_HEARTBEAT_PERIOD="1",
+                      JDTENSOR_HEARTBEAT_POLICY="raise") for c in range(3)]
+  live = LiveClients("heartbeat_victim", envs)
+  try:
+    assert live.wait_for("RESULT ready", [0, 1, 2], timeout=60), live.err
+    start = time.monotonic()
+    os.kill(live.procs[2].pid, signal.SIGKILL)
+    assert live.wait_for("RESULT peer_failure", [0, 1], timeout=10), live.out
+    elapsed = time.monotonic() - start
+  finally:
+    live.close()
+  assert elapsed < 5
+  for c in (0, 1):
+    r = parse_results("\n".join(f"[client {c}] {l}" for l in live.out[c].splitlines()))
+    message, ids = r[c]["peer_failure"]
+    assert ids == [2]
+    assert message.startswith("heartbeat: client 2 missed beat ")
+    assert message.endswith("raising PeerFailureError at the next jdtensor call")
+
+
+def test_disabled_by_env_then_started_by_hand():
+  js = jobs(2)
+  code_env = [cluster_env(js, c, DTENSOR_ENABLE_HEARTBEAT="false") for c in (0, 1)]
+  res = finish(start_clients("heartbeat_manual", code_env), timeout=90)
+  assert all(r.returncode == 0 for r in res), [r.stdout + r.stderr for r in res]
+  for r in results_of(res):
+    assert r["auto_started"] is False
+    assert r["manual"] == [True, True]
+
+
+def test_single_client_has_no_heartbeat():
+  res = run_python("""
+      import threading, jdtensor
+      from jdtensor import heartbeat
+      jdtensor.initialize_accelerator_system("CPU")
+      assert heartbeat.current() is None
+      assert not [t for t in threading.enumerate() if "heartbeat" in t.name]
+      try:
+        heartbeat.start(1.0)
+      except ValueError as e:
+        print(e)
+      """)
+  assert res.returncode == 0, res.stderr
+  assert res.stdout.strip() == ("The heartbeat needs an initialised multi-client run "
+                                "(DTENSOR_JOBS with several clients).")
