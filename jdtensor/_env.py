@@ -31,6 +31,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from jdtensor.device_spec import NAME_RE
 from jdtensor.errors import ConfigError
 
 __all__ = [
@@ -82,8 +83,6 @@ JDTENSOR_HEARTBEAT_POLICY = "JDTENSOR_HEARTBEAT_POLICY"
 _TRUE = frozenset({"1", "true", "yes"})
 _FALSE = frozenset({"0", "false", "no"})
 _INT_RE = re.compile(r"[+-]?[0-9]+")
-# TF's DeviceNameUtils job names: a letter, then letters, digits or '_'.
-_JOB_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.%A-Za-z]+\]")
 
 
@@ -290,7 +289,7 @@ def job_name(environ: Mapping[str, str] | None = None) -> str:
   raw = env.get(DTENSOR_JOB_NAME)
   if raw is None:
     return "localhost" if num_clients(env) == 1 else "worker"
-  if not _JOB_NAME_RE.fullmatch(raw):
+  if not NAME_RE.fullmatch(raw):
     raise ConfigError(
         f"{DTENSOR_JOB_NAME}={raw!r} is not a valid job name; use a letter "
         "followed by letters, digits or '_' (e.g. 'worker'), or unset it.")

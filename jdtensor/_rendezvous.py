@@ -305,17 +305,38 @@ class Links:
     self._sockets = dict(sockets)
     self._closing = False
     self._lock = threading.Lock()
+    self._on_death: Callable[[int, str], None] | None = None
+    self._on_report: Callable[[list[int], str, int], None] | None = None
+    self._thread: threading.Thread | None = None
 
-  def watch(self, on_death: Callable[[int, str], None],
-            on_report: Callable[[list[int], str, int], None]) -> None:
-    """Calls, from a daemon thread, ``on_death(client, how)`` when a linked
-    process ends without saying goodbye, and ``on_report(clients, why,
-    reporter)`` when another client reports failed clients."""
-    threading.Thread(target=self._watch, args=(on_death, on_report),
-                     daemon=True, name="jdtensor-liveness").start()
+  def watch(self, on_death: Callable[[int, str], None] | None,
+            on_report: Callable[[list[int], str, int], None] | None = None
+            ) -> None:
+    """Routes events to new handlers (None ignores them); starts watching.
 
-  def _watch(self, on_death: Callable[[int, str], None],
-             on_report: Callable[[list[int], str, int], None]) -> None:
+    From a daemon thread, ``on_death(client, how)`` when a linked process ends
+    without saying goodbye, and ``on_report(clients, why, reporter)`` when
+    another client reports failed clients.
+    """
+    with self._lock:
+      self._on_death, self._on_report = on_death, on_report
+      if self._thread is None:
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name="jdtensor-liveness")
+        self._thread.start()
+
+  def _death(self, client: int, how: str) -> None:
+    handler = self._on_death
+    if handler is not None:
+      handler(client, how)
+
+  def _report(self, failed: list[int], why: str, reporter: int) -> None:
+    handler = self._on_report
+    if handler is not None:
+      handler(failed, why, reporter)
+
+  def _watch(self) -> None:
+    on_death, on_report = self._death, self._report
     buffers = {client: b"" for client in self._sockets}
     while self._sockets and not self._closing:
       by_socket = {s: c for c, s in self._sockets.items()}

@@ -147,10 +147,13 @@ def is_initialized() -> bool:
 
 def _initialize(**kwargs) -> str:
   """runtime.initialize, then the heartbeat in multi-client runs."""
+  # Read the heartbeat settings first: a bad value must fail before the
+  # cluster forms, not after.
+  period, policy = heartbeat.read_period(), heartbeat.read_policy()
   device_type = runtime.initialize(**kwargs)
   env = runtime.state().env
   if runtime.state().multi_client and env is not None and env.heartbeat_enabled:
-    heartbeat.start(heartbeat.read_period())
+    heartbeat.start(period, policy)
   return device_type
 
 

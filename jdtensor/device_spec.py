@@ -9,11 +9,15 @@ always upper-cased (TF keeps ``/device:tpu:0`` lower-case, then fails later).
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
-__all__ = ["DeviceSpec", "DEVICE_TYPES"]
+__all__ = ["DeviceSpec", "DEVICE_TYPES", "NAME_RE"]
 
 DEVICE_TYPES = ("CPU", "GPU", "TPU")
+# TF's DeviceNameUtils job and device-type names: a letter, then letters,
+# digits or '_'.
+NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 def _parse_index(field: str, value: str, spec: str) -> int:
@@ -84,14 +88,19 @@ class DeviceSpec:
         if device_type is not None:
           raise ValueError(f"Multiple device types are not allowed while "
                            f"parsing the device spec: {spec}.")
+        if not NAME_RE.fullmatch(fields[1]):
+          raise ValueError(f"Device spec {spec!r}: device type {fields[1]!r} is "
+                           "not a valid name (a letter, then letters, digits "
+                           "or '_').")
         device_type = fields[1]
         if fields[2] != "*":
           device_index = _parse_index("device index", fields[2], spec)
       else:
         raise ValueError(f"Unknown attribute '{fields[0]}' is encountered "
                          f"while parsing the device spec: '{spec}'.")
-    if job == "":
-      raise ValueError(f"Device spec {spec!r} has an empty job name.")
+    if job is not None and not NAME_RE.fullmatch(job):
+      raise ValueError(f"Device spec {spec!r}: job name {job!r} is not a valid "
+                       "job name (a letter, then letters, digits or '_').")
     return cls(job, replica, task, device_type, device_index)
 
   def to_string(self) -> str:

@@ -27,8 +27,9 @@ from absl import logging
 
 from jdtensor import _env, _rendezvous
 from jdtensor import cluster as _cluster
-from jdtensor.errors import (AlreadyInitializedError, BarrierTimeoutError,
-                             ConfigError, NotInitializedError)
+from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, AlreadyInitializedError,
+                             BarrierTimeoutError, ConfigError,
+                             NotInitializedError)
 from jdtensor.tpu.topology import (JDTENSOR_SIMULATED_TPU_TOPOLOGY,
                                    SimulatedTopology, Topology,
                                    read_simulated_topology)
@@ -395,6 +396,15 @@ def _init_tpu_system(env: _env.ClusterEnv, sim: SimulatedTopology | None,
   return topo
 
 
+def _died_during_startup(client: int, how: str) -> None:
+  sys.stderr.write(
+      f"StartupError: client {client}'s process ended during start-up ({how}) "
+      "after meeting the coordinator; this client cannot join the cluster and "
+      f"stops (exit {PEER_FAILURE_EXIT_CODE}).\n")
+  sys.stderr.flush()
+  os._exit(PEER_FAILURE_EXIT_CODE)  # The main thread is inside JAX's connect.
+
+
 def _start_distributed(env: _env.ClusterEnv, device_type: str,
                        cpu_devices: int | None, timeouts: _env.Timeouts,
                        bind_override: str | None) -> None:
@@ -421,6 +431,9 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
                         env.heartbeat_enabled),
       coordinator, bind, timeouts.init)
   atexit.register(_state.links.goodbye)
+  # Until JAX has registered every client, a client that dies leaves the
+  # others in JAX's C++ connect, which aborts at its time-out: stop cleanly.
+  _state.links.watch(_died_during_startup)
   # One extra, hidden CPU device per client carries the heartbeat (see
   # heartbeat_devices); the device table leaves it out from now on.
   visible = cpu_devices or configured_cpu_device_count()
@@ -438,6 +451,7 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
       shutdown_timeout_seconds=math.ceil(timeouts.shutdown),
       coordinator_bind_address=(f"[{host}]:{port}" if ":" in host
                                 else f"{host}:{port}"))
+  _state.links.watch(None)  # The heartbeat, if on, takes the links over.
   if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:
     raise RuntimeError(
         f"JAX disagrees with DTENSOR_*: it says process {jax.process_index()} "

@@ -168,6 +168,12 @@ def test_device_spec_round_trip():
     DeviceSpec.from_string("/job:a/task:x")
   with pytest.raises(ValueError, match="Multiple device types"):
     DeviceSpec.from_string("/CPU:0/GPU:1")
+  with pytest.raises(ValueError, match=r"job name 'wor\\x00' is not a valid job name"):
+    DeviceSpec.from_string("/job:wor\x00/replica:0/task:0/device:CPU:0")
+  with pytest.raises(ValueError, match="job name '' is not a valid job name"):
+    DeviceSpec.from_string("/job:/task:0/device:CPU:0")
+  with pytest.raises(ValueError, match="device type 'C-PU' is not a valid name"):
+    DeviceSpec.from_string("/job:a/task:0/device:C-PU:0")
   assert repr(DeviceSpec.from_string("CPU:0")) == (
       "<DeviceSpec(job=None, replica=None, task=None, device_type=CPU, "
       "device_index=0)>")
