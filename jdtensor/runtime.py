@@ -16,6 +16,7 @@ import atexit
 import math
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -396,6 +397,47 @@ def _init_tpu_system(env: _env.ClusterEnv, sim: SimulatedTopology | None,
   return topo
 
 
+def _job_host_on_this_machine(env: _env.ClusterEnv) -> str | None:
+  """This client's own DTENSOR_JOBS host, if an address of this machine."""
+  entry = env.jobs[env.client_id]
+  if entry.startswith("/bns/"):
+    return None
+  host, _ = _rendezvous.split_host_port(entry)
+  try:
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+      probe.bind(sockaddr[:2] if family == socket.AF_INET else sockaddr)
+  except OSError:
+    return None
+  return host
+
+
+def _bind_collectives_to_job_address(env: _env.ClusterEnv) -> None:
+  """Makes gloo listen on this client's DTENSOR_JOBS host.
+
+  JAX builds its CPU collectives with the machine's hostname, which may
+  resolve to an address other hosts cannot reach (a loopback alias, another
+  interface). DTENSOR_JOBS[i] names client i's address, so that is where its
+  collectives listen. Left to JAX when that host is not an address of this
+  machine (e.g. Open MPI placeholders), or when gloo is not in use.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import distributed, xla_bridge  # pylint: disable=g-import-not-at-top
+  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+  host = _job_host_on_this_machine(env)
+  if host is None or jax.config.jax_cpu_collectives_implementation != "gloo":
+    return
+
+  def make_cpu_client() -> Any:
+    collectives = _jax.make_gloo_tcp_collectives(
+        distributed_client=distributed.global_state.client, hostname=host)
+    return xla_bridge.make_cpu_client(collectives=collectives)
+  xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0,
+                                      fail_quietly=False)
+  logging.info("jdtensor: CPU collectives listen on %s (DTENSOR_JOBS[%d])", host,
+               env.client_id)
+
+
 def _died_during_startup(client: int, how: str) -> None:
   sys.stderr.write(
       f"StartupError: client {client}'s process ended during start-up ({how}) "
@@ -452,6 +494,7 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
       coordinator_bind_address=(f"[{host}]:{port}" if ":" in host
                                 else f"{host}:{port}"))
   _state.links.watch(None)  # The heartbeat, if on, takes the links over.
+  _bind_collectives_to_job_address(env)
   if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:
     raise RuntimeError(
         f"JAX disagrees with DTENSOR_*: it says process {jax.process_index()} "

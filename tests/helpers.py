@@ -78,13 +78,18 @@ def parse_results(text: str) -> dict[int, dict[str, object]]:
   return out
 
 
-def start_clients(scenario: str, envs: list[dict[str, str]]
-                  ) -> list[subprocess.Popen]:
-  """Starts one client.py process per env, each in its own process group."""
-  return [subprocess.Popen([sys.executable, CLIENT, scenario], env=env,
+def start_clients(scenario: str, envs: list[dict[str, str]],
+                  prefixes: list[list[str]] | None = None) -> list[subprocess.Popen]:
+  """Starts one client.py process per env, each in its own process group.
+
+  `prefixes` (one per client) run it through a wrapper, e.g.
+  ``["ip", "netns", "exec", "host1"]``.
+  """
+  prefixes = prefixes or [[] for _ in envs]
+  return [subprocess.Popen([*prefix, sys.executable, CLIENT, scenario], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True, cwd=REPO)
-          for env in envs]
+          for env, prefix in zip(envs, prefixes)]
 
 
 def finish(procs: list[subprocess.Popen], timeout: float) -> list[Result]:
@@ -133,9 +138,10 @@ def pid_alive(pid: int) -> bool:
 class LiveClients:
   """client.py processes whose output is read as it comes (for kill tests)."""
 
-  def __init__(self, scenario: str, envs: list[dict[str, str]]):
+  def __init__(self, scenario: str, envs: list[dict[str, str]],
+               prefixes: list[list[str]] | None = None):
     import threading  # pylint: disable=g-import-not-at-top
-    self.procs = start_clients(scenario, envs)
+    self.procs = start_clients(scenario, envs, prefixes)
     self.out = ["" for _ in envs]
     self.err = ["" for _ in envs]
     self.ended: dict[int, float] = {}

@@ -1,0 +1,146 @@
+"""Several hosts on one machine: Linux network namespaces joined by veth pairs.
+
+Each host is a namespace with one address on a test subnet; the hosts meet on
+a bridge inside a private "switch" namespace, so nothing is added to the
+machine's own network and no traffic leaves these namespaces. The subnet is
+in 198.18.0.0/15, the range reserved for network benchmarks (RFC 2544), which
+no real host uses. Needs root and iproute2 (`.ci/run` installs iproute2);
+skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from jdtensor import heartbeat
+from tests.helpers import (LiveClients, clean_env, finish, parse_results,
+                           start_clients)
+
+pytestmark = pytest.mark.multihost
+
+SUBNET = "198.18.7"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+  return subprocess.run(["ip", *args], capture_output=True, text=True,
+                        timeout=20, check=check)
+
+
+def _skip_reason() -> str | None:
+  if os.geteuid() != 0:
+    return "needs root to create network namespaces"
+  if shutil.which("ip") is None:
+    return "needs iproute2 (the `ip` command)"
+  probe = f"jdtprobe{os.getpid()}"
+  res = _ip("netns", "add", probe, check=False)
+  if res.returncode:
+    return f"cannot create network namespaces here: {res.stderr.strip()}"
+  _ip("netns", "del", probe, check=False)
+  return None
+
+
+class Hosts:
+  """`count` test hosts on one bridge; host i has address 198.18.7.<i>."""
+
+  def __init__(self, count: int):
+    tag = f"{os.getpid() % 100000}"
+    self.switch = f"jdtsw{tag}"
+    self.names = [f"jdth{i}_{tag}" for i in range(1, count + 1)]
+    self.links = [f"jdtv{i}_{tag}" for i in range(1, count + 1)]
+    self.addresses = [f"{SUBNET}.{i}" for i in range(1, count + 1)]
+    try:
+      _ip("netns", "add", self.switch)
+      _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+      _ip("-n", self.switch, "link", "set", "br0", "up")
+      for i, (ns, link, addr) in enumerate(zip(self.names, self.links,
+                                               self.addresses)):
+        peer = f"jdtp{i + 1}_{tag}"
+        _ip("netns", "add", ns)
+        _ip("link", "add", link, "type", "veth", "peer", "name", peer)
+        _ip("link", "set", link, "netns", ns)
+        _ip("link", "set", peer, "netns", self.switch)
+        _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", link)
+        _ip("-n", ns, "link", "set", link, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", self.switch, "link", "set", peer, "master", "br0")
+        _ip("-n", self.switch, "link", "set", peer, "up")
+    except Exception:
+      self.remove()
+      raise
+
+  def exec_prefix(self, host: int) -> list[str]:
+    return ["ip", "netns", "exec", self.names[host]]
+
+  def cut(self, host: int) -> None:
+    """Pulls host `host`'s cable: its link disappears, no packet says so."""
+    _ip("-n", self.names[host], "link", "del", self.links[host])
+
+  def remove(self) -> None:
+    for ns in [*self.names, self.switch]:
+      _ip("netns", "del", ns, check=False)
+
+
+@pytest.fixture
+def hosts():
+  reason = _skip_reason()
+  if reason:
+    pytest.skip(reason)
+  h = Hosts(2)
+  yield h
+  h.remove()
+
+
+def _cluster(hosts: Hosts, per_host: int, **extra: str):
+  """The seed's DTENSOR_JOBS shape: host1:10000,host1:10001,host2:10000,..."""
+  jobs = [f"{addr}:{10000 + k}" for addr in hosts.addresses for k in range(per_host)]
+  envs = [clean_env(DTENSOR_JOBS=",".join(jobs), DTENSOR_CLIENT_ID=str(c),
+                    JAX_NUM_CPU_DEVICES="1", JDTENSOR_INIT_TIMEOUT="60",
+                    JDTENSOR_SHUTDOWN_TIMEOUT="15", JDTENSOR_HEARTBEAT_TIMEOUT="15",
+                    **extra)
+          for c in range(len(jobs))]
+  prefixes = [hosts.exec_prefix(c // per_host) for c in range(len(jobs))]
+  return envs, prefixes
+
+
+def test_two_hosts_two_clients_each(hosts):
+  envs, prefixes = _cluster(hosts, 2, JDTENSOR_HEARTBEAT_PERIOD="0.5")
+  procs = start_clients("basic", envs, prefixes)
+  results = finish(procs, timeout=180)
+  out = {}
+  for c, res in enumerate(results):
+    assert res.returncode == 0, res.stdout + res.stderr
+    out[c] = parse_results("\n".join(f"[client {c}] {l}"
+                                     for l in res.stdout.splitlines()))[c]
+  w = "/job:worker/replica:0/task:{t}/device:CPU:0"
+  for t in range(4):
+    assert out[t]["mesh"] == f"|batch=2,model=2|0,1,2,3|{t}|" + w.format(t=t)
+    assert out[t]["psum"] == 10.0  # Crosses the hosts.
+    assert out[t]["matmul_ok"] is True
+  # The coordinator listens on the first job's host address only.
+  assert out[0]["coordinator_listen"] == hosts.addresses[0]
+
+
+def test_dead_host_survivors_exit_with_a_clear_message(hosts):
+  envs, prefixes = _cluster(hosts, 2, JDTENSOR_HEARTBEAT_PERIOD="1")
+  live = LiveClients("heartbeat_victim", envs, prefixes)
+  try:
+    assert live.wait_for("RESULT ready", [0, 1, 2, 3], timeout=120), live.err
+    time.sleep(0.5)
+    start = time.monotonic()
+    hosts.cut(1)  # Clients 2 and 3 vanish without a FIN or RST.
+    ended = live.wait_exit(start, timeout=45)
+  finally:
+    live.close()
+  bound = 1 + heartbeat.deadline_for(1) + 3  # A beat, its deadline, the report.
+  for c in (0, 1):
+    assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
+    assert ended[c] < bound, ended
+    assert "heartbeat: clients 2, 3 missed beat " in live.err[c], live.err[c]
+  for c in (2, 3):  # Cut off: they stop too, one way or another, in time.
+    assert c in ended and live.procs[c].returncode != 0, live.err[c]
