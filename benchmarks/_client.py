@@ -62,6 +62,37 @@ def idle(seconds: float) -> None:
   print(f"IDLE_CPU_MS_PER_S {1e3 * rate:.2f}", flush=True)
 
 
+def first_collective() -> None:
+  """jdtensor: initialise, build a distributed mesh, one cross-client psum."""
+  import jax
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+
+  import jdtensor
+  from jdtensor import Layout, runtime
+  jdtensor.initialize_accelerator_system("CPU")
+  n = jdtensor.num_global_devices("CPU")
+  mesh = jdtensor.create_distributed_mesh([("x", n)])
+  x = jax.make_array_from_callback((n,), Layout(["x"], mesh).to_jax_sharding(),
+                                   lambda idx: np.ones(n, np.float32)[idx])
+  total = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b, "x"), mesh=mesh.jax_mesh,
+                                in_specs=P("x"), out_specs=P()))(x)
+  assert float(np.asarray(total.addressable_data(0))[0]) == n
+  print(f"FIRST_COLLECTIVE_AT {time.time():.6f}", flush=True)
+  runtime.wait_at_barrier("bench-done", 60_000)  # Nobody exits mid-collective.
+  os._exit(0)
+
+
+def wait_to_be_killed() -> None:
+  """jdtensor: initialise, then idle; the benchmark kills one client."""
+  import jdtensor
+  jdtensor.initialize_accelerator_system("CPU")
+  print(f"READY {os.getpid()}", flush=True)
+  time.sleep(600)
+
+
 if __name__ == "__main__":
   {"psum_loop": lambda: psum_loop(float(sys.argv[2])),
-   "idle": lambda: idle(float(sys.argv[2]))}[sys.argv[1]]()
+   "idle": lambda: idle(float(sys.argv[2])),
+   "first_collective": first_collective,
+   "wait_to_be_killed": wait_to_be_killed}[sys.argv[1]]()

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from jdtensor.errors import StartupError, StartupTimeoutError
 
-__all__ = ["Hello", "Links", "split_host_port", "bind_address", "rendezvous"]
+__all__ = ["Hello", "Links", "split_host_port", "bind_address", "rendezvous",
+           "wait_for_service"]
 
 _PROTOCOL = 1
 _POLL_SECONDS = 0.05
@@ -178,6 +179,9 @@ def _serve(me: Hello, host: str, port: int, coordinator: str, timeout: float,
           sock.close()
         else:
           peers[hello.client_id] = (sock, hello)
+    # Close the listener before saying "go": from now on only JAX's
+    # coordination service can accept on this port (see wait_for_service).
+    listener.close()
     message = {"error": problems[0]} if problems else {"go": True}
     for sock, _ in peers.values():
       _reply(sock, message)
@@ -262,6 +266,29 @@ def _join(me: Hello, coordinator: str, timeout: float, deadline: float
       raise StartupError(f"Client {me.client_id}: start-up refused by client 0: "
                          f"{reply['error']}")
     return sock
+
+
+def wait_for_service(coordinator: str, deadline: float, client_id: int) -> None:
+  """Waits until client 0's JAX coordination service accepts connections.
+
+  Connecting before it listens sends JAX's gRPC client into its reconnect
+  back-off (about a second). After the rendezvous, client 0's own listener is
+  closed, so the first accepted connection is the service's.
+
+  Raises:
+    StartupTimeoutError: If it does not come up by `deadline`.
+  """
+  host, port = split_host_port(coordinator)
+  while time.monotonic() < deadline:
+    try:
+      socket.create_connection((host, port), timeout=1.0).close()
+      return
+    except OSError:
+      time.sleep(0.005)
+  raise StartupTimeoutError(
+      f"Client {client_id}: client 0 met every client, but its JAX coordination "
+      f"service at DTENSOR_JOBS[0]={coordinator!r} did not come up before the "
+      "init timeout; check client 0's output.")
 
 
 def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],

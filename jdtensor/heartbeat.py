@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from absl import logging
+from jdtensor import _logging as logging
 
 from jdtensor import _env, runtime
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE, ConfigError, PeerFailureError
@@ -154,6 +154,7 @@ class Heartbeat:
     self._announce = announce or (lambda clients, why: None)
     self.event = threading.Event()  # Set by users (or at exit) to stop.
     self.stopped = threading.Event()  # Set once the beat thread has ended.
+    self.ready = threading.Event()  # Set once the first exchange is done.
     self.token = 0
     self.beats = 0  # Completed beats after the first exchange.
     self.beat_seconds = 0.0  # Total wall time spent inside beats.
@@ -183,7 +184,10 @@ class Heartbeat:
     return merged
 
   def first_exchange(self) -> None:
-    """Spreads client 0's token (DTensor's first all-reduce), with a deadline."""
+    """Spreads client 0's token (DTensor's first all-reduce), with a deadline.
+
+    Run by the heartbeat thread before its first beat (tests may call it).
+    """
     n = self.num_clients
     if self.client_id == 0:
       token = int(np.random.default_rng().integers(0, 2**16 - 1))
@@ -216,6 +220,17 @@ class Heartbeat:
       self._fail("heartbeat: Merged heartbeat signal has unequal elements "
                  f"{merged.tolist()}", list(range(n)))
     self.token = int(merged[0])
+    self.ready.set()
+
+  def _run(self) -> None:
+    """The heartbeat thread: the token-spreading first exchange, then beats."""
+    if not self.ready.is_set() and self.failure is None:
+      self.first_exchange()
+    if self.failure is None:
+      self._loop()
+    self.stopped.set()
+    with self._beat_changed:
+      self._beat_changed.notify_all()
 
   def _loop(self) -> None:
     logging.info("Starting a heartbeat thread")
@@ -238,9 +253,6 @@ class Heartbeat:
       if merged[n] > 0:
         logging.info("Exiting the heartbeat thread normally")
         break
-    self.stopped.set()
-    with self._beat_changed:
-      self._beat_changed.notify_all()
 
   def _token_mismatch(self, slots: np.ndarray) -> None:
     """Names the out-of-sync clients: those not holding the cluster's token.
@@ -353,7 +365,7 @@ class Heartbeat:
   # -- lifecycle ---------------------------------------------------------------------------
 
   def start_threads(self) -> None:
-    for target, name in ((self._loop, "jdtensor-heartbeat"),
+    for target, name in ((self._run, "jdtensor-heartbeat"),
                          (self._watch, "jdtensor-heartbeat-watchdog")):
       thread = threading.Thread(target=target, daemon=True, name=name)
       thread.start()
@@ -427,11 +439,11 @@ def start(period: float, policy: str | None = None) -> threading.Event:
                           _PsumExchange(devices, env.client_id, env.num_clients + 1),
                           env.client_id, env.num_clients,
                           announce=links.report if links is not None else None)
-    heartbeat.first_exchange()
-    if heartbeat.failure is None:
-      heartbeat.start_threads()
-      atexit.register(heartbeat.stop)
-      if links is not None:
-        links.watch(heartbeat.peer_died, heartbeat.peer_reported)
+    # The first exchange runs on the heartbeat thread, off the caller's
+    # critical path; it is still the first collective on the reserved group.
+    heartbeat.start_threads()
+    atexit.register(heartbeat.stop)
+    if links is not None:
+      links.watch(heartbeat.peer_died, heartbeat.peer_reported)
     _current = heartbeat
     return heartbeat.event

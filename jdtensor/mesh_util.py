@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Union
 
 import numpy as np
-from absl import logging
+from jdtensor import _logging as logging
 
 from jdtensor import _env, _interop, config, runtime
 from jdtensor.device_spec import DeviceSpec

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from absl import logging
+from jdtensor import _logging as logging
 
 from jdtensor import _env, _rendezvous
 from jdtensor import cluster as _cluster
@@ -482,6 +482,8 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
   _state.reserve_heartbeat_device = True
   _set_cpu_device_count(visible + 1, False)
   import jax  # pylint: disable=g-import-not-at-top
+  if env.client_id != 0:
+    _rendezvous.wait_for_service(coordinator, deadline, env.client_id)
   host, port = bind
   jax.distributed.initialize(
       coordinator_address=coordinator,

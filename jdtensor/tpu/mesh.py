@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from absl import logging
+from jdtensor import _logging as logging
 
 from jdtensor import config, runtime
 from jdtensor.layout import Mesh

@@ -200,3 +200,28 @@ def test_multi_client_init_after_backend_started_is_clear():
   assert result.stdout.startswith(
       "The JAX backend has already been started in this process, so it cannot "
       "join a multi-client cluster.")
+
+
+def test_logs_go_through_absl_when_the_application_uses_it():
+  absl_run = run_python("""
+      from absl import logging
+      logging.set_verbosity(logging.INFO)
+      logging.use_absl_handler()
+      import jdtensor
+      jdtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=2)
+      jdtensor.create_mesh([("x", 2)])
+      """)
+  assert absl_run.returncode == 0, absl_run.stderr
+  lines = [l for l in absl_run.stderr.splitlines() if "This is client 0 of 1" in l]
+  assert len(lines) == 1 and lines[0].startswith("I") and "] This is client" in lines[0]
+  std_run = run_python("""
+      import logging, sys
+      logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+      import jdtensor
+      jdtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=2)
+      jdtensor.create_mesh([("x", 2)])
+      assert "absl" not in sys.modules
+      """)
+  assert std_run.returncode == 0, std_run.stderr
+  assert "jdtensor This is client 0 of 1 clients" in std_run.stderr
+  assert "jdtensor Global device IDs: [0 1]" in std_run.stderr

@@ -257,6 +257,7 @@ def scenario_heartbeat_basic():
   from jdtensor import heartbeat
   jdtensor.initialize_accelerator_system("CPU")
   hb = heartbeat.current()
+  hb.ready.wait(30)
   result("running", [hb is not None, hb.period, hb.policy, hb.token])
   again = heartbeat.start(5.0)
   result("second_start_same_event", again is hb.event)
@@ -321,6 +322,7 @@ def scenario_heartbeat_token():
   from jdtensor import heartbeat
   jdtensor.initialize_accelerator_system("CPU")
   hb = heartbeat.current()
+  hb.ready.wait(30)
   time.sleep(0.5)
   if jdtensor.client_id() == 1:
     hb.token ^= 0x5A5A
