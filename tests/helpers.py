@@ -194,3 +194,43 @@ class LiveClients:
         pass
     for t in self._threads:
       t.join(timeout=5)
+
+
+def kill_when_ready(scenario: str, envs: list[dict[str, str]], victim: int,
+                    sig: int = signal.SIGKILL, prefixes: list[list[str]] | None = None,
+                    exit_timeout: float = 30) -> tuple["LiveClients", dict[int, float]]:
+  """Starts clients, waits until all print ``RESULT ready``, signals `victim`.
+
+  Returns:
+    The clients (closed) and each one's seconds from the signal to its exit.
+  """
+  import time  # pylint: disable=g-import-not-at-top
+  live = LiveClients(scenario, envs, prefixes)
+  try:
+    if not live.wait_for("RESULT ready", list(range(len(envs))), timeout=120):
+      raise AssertionError(f"clients never became ready: {live.err}")
+    time.sleep(0.5)
+    start = time.monotonic()
+    os.kill(live.procs[victim].pid, sig)
+    ended = live.wait_exit(start, timeout=exit_timeout)
+  finally:
+    live.close()
+  return live, ended
+
+
+def start_launcher(scenario: str, n: int = 2, marker: str = "RESULT ready=",
+                   **env: str) -> tuple[subprocess.Popen, list[int]]:
+  """`python -m jdtensor launch -n N` of client.py; waits for every client's
+  pid (printed as ``<marker><pid>``)."""
+  import time  # pylint: disable=g-import-not-at-top
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "jdtensor", "launch", "-n", str(n), "--grace", "2",
+       "--timeout", "120", "--", sys.executable, CLIENT, scenario],
+      env=clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, cwd=REPO, start_new_session=True)
+  pids, deadline = [], time.monotonic() + 60
+  while len(pids) < n and time.monotonic() < deadline:
+    line = proc.stdout.readline()
+    if marker in line:
+      pids.append(int(line.rsplit(marker, 1)[1].split()[0]))
+  return proc, pids

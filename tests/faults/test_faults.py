@@ -10,15 +10,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
 from jdtensor import heartbeat
-from tests.helpers import (CLIENT, REPO, LiveClients, clean_env, cluster_env, finish,
-                           free_port, pid_alive, start_clients)
+from tests.helpers import (clean_env, cluster_env, finish, free_port,
+                           kill_when_ready, pid_alive, start_clients,
+                           start_launcher)
 
 pytestmark = pytest.mark.faults
 
@@ -174,7 +173,7 @@ def test_coordinator_port_taken():
     res, elapsed = run_env_case({"DTENSOR_JOBS": f"localhost:{port},localhost:{free_port()}"})
   finally:
     blocker.close()
-  assert_clean(res, f"is already in use by another process")
+  assert_clean(res, "is already in use by another process")
   assert elapsed < 30
 
 
@@ -210,15 +209,7 @@ def test_client_killed_at_init():
 def test_client_killed_while_running(scenario, victim):
   js = jobs(2)
   envs = [cluster_env(js, c, JDTENSOR_HEARTBEAT_PERIOD="1") for c in (0, 1)]
-  live = LiveClients(scenario, envs)
-  try:
-    assert live.wait_for("RESULT ready", [0, 1], timeout=60), live.err
-    time.sleep(0.5)
-    start = time.monotonic()
-    os.kill(live.procs[victim].pid, signal.SIGKILL)
-    ended = live.wait_exit(start, timeout=30)
-  finally:
-    live.close()
+  live, ended = kill_when_ready(scenario, envs, victim)
   assert live.procs[0].returncode == heartbeat.EXIT_CODE, live.err[0]
   assert ended[0] < 5
   assert f"heartbeat: client {victim} missed beat " in live.err[0]
@@ -226,17 +217,8 @@ def test_client_killed_while_running(scenario, victim):
 
 
 def test_sigterm_to_launcher_mid_run():
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--grace", "3",
-       "--timeout", "120", "--", sys.executable, CLIENT, "heartbeat_victim"],
-      env=clean_env(JDTENSOR_INIT_TIMEOUT="30"), stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
-  pids, deadline = [], time.monotonic() + 60
+  proc, pids = start_launcher("heartbeat_victim", JDTENSOR_INIT_TIMEOUT="30")
   try:
-    while len(pids) < 2 and time.monotonic() < deadline:
-      line = proc.stdout.readline()
-      if "RESULT ready=" in line:
-        pids.append(int(line.rsplit("=", 1)[1]))
     assert len(pids) == 2
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)

@@ -429,7 +429,7 @@ def scenario_exit_code():
 
 def scenario_sleep():
   import time
-  print(f"pid {os.getpid()}", flush=True)
+  result("ready", os.getpid())
   time.sleep(60)
 
 

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from jdtensor import heartbeat, launcher
-from tests.helpers import (CLIENT, TEST_TIMEOUTS, LiveClients, cluster_env, finish,
-                           free_port, parse_results, run_python, start_clients)
+from tests.helpers import (TEST_TIMEOUTS, LiveClients, cluster_env, finish,
+                           free_port, kill_when_ready, parse_results, run_python,
+                           start_clients)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -58,15 +59,7 @@ def test_sigkilled_client_every_survivor_exits_within_5s(victim):
   js = jobs(3)
   envs = [cluster_env(js, c, devices=2, JDTENSOR_HEARTBEAT_PERIOD="1")
           for c in range(3)]
-  live = LiveClients("heartbeat_victim", envs)
-  try:
-    assert live.wait_for("RESULT ready", [0, 1, 2], timeout=60), live.err
-    time.sleep(0.5)
-    start = time.monotonic()
-    os.kill(live.procs[victim].pid, signal.SIGKILL)
-    ended = live.wait_exit(start, timeout=30)
-  finally:
-    live.close()
+  live, ended = kill_when_ready("heartbeat_victim", envs, victim)
   survivors = [c for c in range(3) if c != victim]
   for c in survivors:
     assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
@@ -79,23 +72,13 @@ def test_sigkilled_client_every_survivor_exits_within_5s(victim):
 def test_stuck_client_sigstop_is_named_within_period_plus_deadline():
   js = jobs(3)
   envs = [cluster_env(js, c, JDTENSOR_HEARTBEAT_PERIOD="1") for c in range(3)]
-  live = LiveClients("heartbeat_victim", envs)
-  try:
-    assert live.wait_for("RESULT ready", [0, 1, 2], timeout=60), live.err
-    time.sleep(0.5)
-    start = time.monotonic()
-    os.kill(live.procs[1].pid, signal.SIGSTOP)  # Alive, but frozen.
-    deadline = start + 15
-    while time.monotonic() < deadline and not all(
-        live.procs[c].poll() is not None for c in (0, 2)):
-      time.sleep(0.02)
-    elapsed = time.monotonic() - start
-  finally:
-    live.close()  # SIGKILL reaches the stopped process too.
+  # SIGSTOP: alive, but frozen. It never exits; the survivors must.
+  live, ended = kill_when_ready("heartbeat_victim", envs, 1, sig=signal.SIGSTOP,
+                                exit_timeout=15)
   for c in (0, 2):
     assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
     assert "heartbeat: client 1 missed beat " in live.err[c], live.err[c]
-  assert elapsed < 1 + heartbeat.deadline_for(1) + 1.5, elapsed
+    assert ended[c] < 1 + heartbeat.deadline_for(1) + 1.5, ended
 
 
 def test_launcher_reports_the_killed_client(monkeypatch):

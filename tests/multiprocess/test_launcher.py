@@ -4,20 +4,15 @@ import io
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
 from jdtensor import launcher
-from tests.helpers import CLIENT, REPO, clean_env, pid_alive, run_python
+from tests.helpers import CLIENT, pid_alive, run_python, start_launcher
 
 pytestmark = pytest.mark.multiprocess
-
-
-def pids_in(text):
-  return [int(p) for p in re.findall(r"^\[client \d+\] pid (\d+)$", text, re.M)]
 
 
 def test_worker_env_is_dtensor_env():
@@ -90,7 +85,7 @@ def test_killed_client_is_reported():
 
 def test_clients_die_with_a_killed_launcher():
   """Even SIGKILL to the launcher (no cleanup possible) leaves no client."""
-  proc, pids = start_launcher_with_sleepers()
+  proc, pids = start_launcher("sleep")
   try:
     assert len(pids) == 2
     proc.kill()
@@ -112,21 +107,8 @@ def test_timeout_stops_everyone():
   assert res.reason == "jdtensor launch: timed out after 1.5 s; stopped clients 0, 1"
 
 
-def start_launcher_with_sleepers():
-  """`jdtensor launch -n 2` of sleeping clients; returns it and their pids."""
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--grace", "2",
-       "--timeout", "60", "--", sys.executable, CLIENT, "sleep"],
-      env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      cwd=REPO, start_new_session=True)
-  pids, deadline = [], time.monotonic() + 30
-  while len(pids) < 2 and time.monotonic() < deadline:
-    pids += pids_in(proc.stdout.readline())
-  return proc, pids
-
-
 def test_sigterm_to_launcher_stops_all_clients():
-  proc, pids = start_launcher_with_sleepers()
+  proc, pids = start_launcher("sleep")
   try:
     assert len(pids) == 2
     proc.send_signal(signal.SIGTERM)

@@ -1,7 +1,6 @@
 """Real multi-client runs: real processes, JAX's coordination service, gloo."""
 
 import io
-import re
 import time
 
 import pytest
