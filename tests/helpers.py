@@ -234,3 +234,20 @@ def start_launcher(scenario: str, n: int = 2, marker: str = "RESULT ready=",
     if marker in line:
       pids.append(int(line.rsplit(marker, 1)[1].split()[0]))
   return proc, pids
+
+
+def sigterm_launcher(proc: subprocess.Popen, pids: list[int]
+                     ) -> tuple[int, str, float]:
+  """SIGTERMs a launcher once its clients are up; (returncode, stderr, seconds)."""
+  import time  # pylint: disable=g-import-not-at-top
+  try:
+    if len(pids) < 2:
+      raise AssertionError(f"the launcher's clients did not start: {pids}")
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    return proc.returncode, err, time.monotonic() - start
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.communicate(timeout=10)

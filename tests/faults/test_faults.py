@@ -8,6 +8,7 @@ bounded time, and no process left behind.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
@@ -16,8 +17,8 @@ import pytest
 
 from jdtensor import heartbeat
 from tests.helpers import (clean_env, cluster_env, finish, free_port,
-                           kill_when_ready, pid_alive, start_clients,
-                           start_launcher)
+                           kill_when_ready, pid_alive, sigterm_launcher,
+                           start_clients, start_launcher)
 
 pytestmark = pytest.mark.faults
 
@@ -173,20 +174,34 @@ def test_coordinator_port_taken():
     res, elapsed = run_env_case({"DTENSOR_JOBS": f"localhost:{port},localhost:{free_port()}"})
   finally:
     blocker.close()
-  assert_clean(res, "is already in use by another process")
+  assert_clean(res, (
+      f"ERROR StartupError: Client 0 cannot start the coordinator for "
+      f"DTENSOR_JOBS[0]='localhost:{port}': 127.0.0.1:{port} is already in use by "
+      "another process; stop it, or choose a free port for DTENSOR_JOBS[0] "
+      "(`jdtensor launch` picks free ports)."))
   assert elapsed < 30
 
 
 def test_coordinator_never_comes_up():
   res, elapsed = run_env_case({"DTENSOR_CLIENT_ID": "1", "JDTENSOR_INIT_TIMEOUT": "2"})
-  assert_clean(res, "ERROR StartupTimeoutError: Client 1 could not reach the "
-               "coordinator at DTENSOR_JOBS[0]=")
+  coordinator = re.search(r"DTENSOR_JOBS\[0\]='([^']+)'", res.stdout).group(1)
+  assert_clean(res, (
+      f"ERROR StartupTimeoutError: Client 1 could not reach the coordinator at "
+      f"DTENSOR_JOBS[0]='{coordinator}' within 2 s (the init timeout): client 0 "
+      "has not started it. Start client 0 (it hosts the coordinator), check that "
+      "every client has the same DTENSOR_JOBS, or raise the init timeout "
+      "(JDTENSOR_INIT_TIMEOUT)."))
   assert elapsed < 30
 
 
 def test_one_client_never_starts():
   res, elapsed = run_env_case({"JDTENSOR_INIT_TIMEOUT": "2"}, n_jobs=3)
-  assert_clean(res, "for client(s) 1, 2, which never connected")
+  coordinator = re.search(r"DTENSOR_JOBS\[0\]='([^']+)'", res.stdout).group(1)
+  assert_clean(res, (
+      f"ERROR StartupTimeoutError: Client 0 waited 2 s (the init timeout) at the "
+      f"coordinator DTENSOR_JOBS[0]='{coordinator}' for client(s) 1, 2, which "
+      "never connected. Start every client with the same DTENSOR_JOBS and its own "
+      "DTENSOR_CLIENT_ID, or raise the init timeout (JDTENSOR_INIT_TIMEOUT)."))
   assert elapsed < 30
 
 
@@ -218,17 +233,8 @@ def test_client_killed_while_running(scenario, victim):
 
 def test_sigterm_to_launcher_mid_run():
   proc, pids = start_launcher("heartbeat_victim", JDTENSOR_INIT_TIMEOUT="30")
-  try:
-    assert len(pids) == 2
-    start = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
-    elapsed = time.monotonic() - start
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.communicate(timeout=10)
-  assert proc.returncode == 128 + signal.SIGTERM
+  returncode, err, elapsed = sigterm_launcher(proc, pids)
+  assert returncode == 128 + signal.SIGTERM
   assert "jdtensor launch: received SIGTERM; stopped clients 0, 1" in err
   assert elapsed < 10
   assert not any(pid_alive(p) for p in pids)

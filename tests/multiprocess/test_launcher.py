@@ -10,7 +10,8 @@ import time
 import pytest
 
 from jdtensor import launcher
-from tests.helpers import CLIENT, pid_alive, run_python, start_launcher
+from tests.helpers import (CLIENT, pid_alive, run_python, sigterm_launcher,
+                           start_launcher)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -109,15 +110,8 @@ def test_timeout_stops_everyone():
 
 def test_sigterm_to_launcher_stops_all_clients():
   proc, pids = start_launcher("sleep")
-  try:
-    assert len(pids) == 2
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.communicate(timeout=10)
-  assert proc.returncode == 128 + signal.SIGTERM
+  returncode, err, _ = sigterm_launcher(proc, pids)
+  assert returncode == 128 + signal.SIGTERM
   assert "jdtensor launch: received SIGTERM; stopped clients 0, 1" in err
   assert not any(pid_alive(p) for p in pids)
 
