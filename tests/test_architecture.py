@@ -9,10 +9,12 @@ from tests.helpers import clean_env, run_python
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jdtensor"
 
-# Modules that must never import jax at module level (they may import it lazily
-# inside functions that are documented to touch the runtime).
-PURE_MODULES = ["_env", "errors", "device_spec", "layout", "config", "__init__",
-                "accelerator", "cli", "mesh_util", "runtime", "_interop"]
+# No module imports jax at module level (functions that touch the runtime
+# import it lazily), so importing any of them never starts a backend.
+MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))
+# The launcher's parent process and the pure layers: not even numpy.
+STDLIB_ONLY = ["launcher", "cli", "_env", "_rendezvous", "cluster", "errors",
+               "device_spec", "_logging"]
 
 
 def _top_level_imports(path):
@@ -26,10 +28,23 @@ def _top_level_imports(path):
   return names
 
 
-@pytest.mark.parametrize("module", PURE_MODULES)
+@pytest.mark.parametrize("module", MODULES)
 def test_no_module_level_jax_import(module):
-  imports = _top_level_imports(PACKAGE / f"{module}.py")
+  imports = _top_level_imports(PACKAGE / module)
   assert not [i for i in imports if i == "jax" or i.startswith("jax.")], imports
+
+
+@pytest.mark.subprocess
+def test_launcher_parent_imports_neither_jax_nor_numpy():
+  result = run_python(f"""
+      import sys
+      for name in {STDLIB_ONLY!r}:
+        __import__("jdtensor." + name)
+      heavy = sorted(m for m in ("jax", "numpy", "absl") if m in sys.modules)
+      print("HEAVY", heavy)
+      """)
+  assert result.returncode == 0, result.stderr
+  assert "HEAVY []" in result.stdout, result.stdout
 
 
 def _dotted_names(tree):
