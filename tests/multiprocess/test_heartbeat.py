@@ -43,13 +43,13 @@ def test_token_agreement_second_start_and_agreed_stop():
 def test_stress_user_psums_beside_the_heartbeat(clients, devices, period):
   js = jobs(clients)
   envs = [cluster_env(js, c, devices=devices, JDTENSOR_HEARTBEAT_PERIOD=period,
-                      STRESS_ITERS="1200") for c in range(clients)]
+                      STRESS_ITERS="2000") for c in range(clients)]
   res = finish(start_clients("heartbeat_stress", envs), timeout=240)
   assert all(r.returncode == 0 for r in res), [r.stdout[-2000:] + r.stderr[-3000:]
                                                for r in res]
   out = results_of(res)
   for r in out:
-    assert r["stress"] == {"done": 1200, "wrong": 0, "stopped": True,
+    assert r["stress"] == {"done": 2000, "wrong": 0, "stopped": True,
                            "failure": "None"}
   assert len({r["beats"] for r in out}) == 1 and out[0]["beats"] > 10
 
