@@ -24,7 +24,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,5 +182,4 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-  with tempfile.TemporaryDirectory():
-    main()
+  main()

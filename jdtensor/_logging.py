@@ -18,39 +18,40 @@ __all__ = ["info", "warning", "error", "vlog"]
 
 _logger = _logging.getLogger("jdtensor")
 
+# absl level -> standard level: absl's INFO/WARNING/ERROR are 0/-1/-2, and
+# vlog(n) is absl level n, one standard level below DEBUG per step.
+_STANDARD = {0: _logging.INFO, -1: _logging.WARNING, -2: _logging.ERROR}
 
-def _absl() -> Any:
-  return sys.modules.get("absl.logging")
+
+_absl_frames_skipped = False
+
+
+def _log(absl_level: int, msg: str, args: tuple[Any, ...]) -> None:
+  global _absl_frames_skipped
+  absl = sys.modules.get("absl.logging")
+  if absl is not None:
+    if not _absl_frames_skipped:  # So that absl names jdtensor's caller.
+      for name in ("_log", "info", "warning", "error", "vlog"):
+        absl.ABSLLogger.register_frame_to_skip(__file__, name)
+      _absl_frames_skipped = True
+    absl.log(absl_level, msg, *args)
+  else:
+    level = _STANDARD.get(absl_level, _logging.DEBUG - (absl_level - 1))
+    _logger.log(level, msg, *args, stacklevel=3)
 
 
 def info(msg: str, *args: Any) -> None:
-  absl = _absl()
-  if absl is not None:
-    absl.info(msg, *args)
-  else:
-    _logger.info(msg, *args, stacklevel=2)
+  _log(0, msg, args)
 
 
 def warning(msg: str, *args: Any) -> None:
-  absl = _absl()
-  if absl is not None:
-    absl.warning(msg, *args)
-  else:
-    _logger.warning(msg, *args, stacklevel=2)
+  _log(-1, msg, args)
 
 
 def error(msg: str, *args: Any) -> None:
-  absl = _absl()
-  if absl is not None:
-    absl.error(msg, *args)
-  else:
-    _logger.error(msg, *args, stacklevel=2)
+  _log(-2, msg, args)
 
 
 def vlog(level: int, msg: str, *args: Any) -> None:
   """absl's verbose levels: vlog(1) is DEBUG, vlog(2) just below it, ..."""
-  absl = _absl()
-  if absl is not None:
-    absl.vlog(level, msg, *args)
-  else:
-    _logger.log(_logging.DEBUG - (level - 1), msg, *args, stacklevel=2)
+  _log(level, msg, args)

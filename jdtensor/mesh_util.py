@@ -234,8 +234,7 @@ def create_distributed_mesh(mesh_dims: MeshDims,
     base = DeviceSpec(job=cluster.job_name, replica=0, task=cluster.client_id)
     specs = [base.make_merged_spec(d) for d in specs]
     return _distributed_mesh(dim_names, shape, specs, cluster.num_clients,
-                             cluster.client_id, mesh_name, use_xla_spmd,
-                             tuple_shape=True)
+                             cluster.client_id, mesh_name, use_xla_spmd)
   if device_type == "TPU":
     cluster = _cluster()
     mesh = create_tpu_mesh(dim_names, shape, mesh_name,
@@ -249,8 +248,7 @@ def create_distributed_mesh(mesh_dims: MeshDims,
 
 def _distributed_mesh(dim_names: list[str], shape: list[int],
                       specs: list[DeviceSpec], num_clients: int, client_id: int,
-                      mesh_name: str, use_xla_spmd: bool, tuple_shape: bool
-                      ) -> Mesh:
+                      mesh_name: str, use_xla_spmd: bool) -> Mesh:
   """The one place that lays out dense ids over clients."""
   num_global = len(specs) * num_clients
   if int(np.prod(shape)) != num_global:
@@ -258,7 +256,7 @@ def _distributed_mesh(dim_names: list[str], shape: list[int],
     raise ValueError(
         f"Global number of devices ({len(specs)} per client * {num_clients} "
         f"clients = {num_global}) must be equal to total size of the mesh of "
-        f"shape {tuple(shape) if tuple_shape else shape}")
+        f"shape {tuple(shape)}")
   global_ids = np.arange(num_global).reshape(shape)
   start = len(specs) * client_id
   local_ids = np.ravel(global_ids)[start:start + len(specs)].tolist()
@@ -313,7 +311,7 @@ def _create_distributed_mesh_legacy(mesh_dims: MeshDims, mesh_name: str,
                        f"{available} available")
     specs = config.local_devices(device_type, client_id)[:num_local]
     return _distributed_mesh(dim_names, shape, specs, num_clients, client_id,
-                             mesh_name, False, tuple_shape=True)
+                             mesh_name, False)
   if device_type.upper() == "TPU":
     for arg, value in (("num_global_devices", num_global_devices),
                        ("num_clients", num_clients), ("client_id", client_id)):

@@ -307,6 +307,8 @@ def initialize(device_type: str | None = None,
     if device_type == "TPU":
       _state.tpu_topology = _init_tpu_system(env, simulated, megacore)
       _state.simulated_tpu = simulated
+    if _state.links is not None:
+      _state.links.watch(None)  # The heartbeat, if on, takes the links over.
     _state.device_type = device_type
     _state.env = env
     _state.multi_client = multi_client
@@ -459,7 +461,7 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
         "before any JAX call that starts the backend (jax.devices(), creating "
         "arrays, jit).")
   deadline = time.monotonic() + timeouts.init
-  coordinator = env.jobs[0]
+  coordinator = env.coordinator_address
   bind = _rendezvous.bind_address(coordinator, bind_override)
   if device_type in ("CPU",) or (device_type == "TPU" and
                                  read_simulated_topology(os.environ)):
@@ -473,8 +475,9 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
                         env.heartbeat_enabled),
       coordinator, bind, timeouts.init)
   atexit.register(_state.links.goodbye)
-  # Until JAX has registered every client, a client that dies leaves the
-  # others in JAX's C++ connect, which aborts at its time-out: stop cleanly.
+  # Until initialisation ends, a client that dies leaves the others in JAX's
+  # C++ connect (which aborts at its time-out) or in the TPU core-id merge:
+  # stop cleanly. `initialize` hands the links on when it is done.
   _state.links.watch(_died_during_startup)
   # One extra, hidden CPU device per client carries the heartbeat (see
   # heartbeat_devices); the device table leaves it out from now on.
@@ -495,7 +498,6 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
       shutdown_timeout_seconds=math.ceil(timeouts.shutdown),
       coordinator_bind_address=(f"[{host}]:{port}" if ":" in host
                                 else f"{host}:{port}"))
-  _state.links.watch(None)  # The heartbeat, if on, takes the links over.
   _bind_collectives_to_job_address(env)
   if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:
     raise RuntimeError(
