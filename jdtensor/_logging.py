@@ -26,18 +26,36 @@ _STANDARD = {0: _logging.INFO, -1: _logging.WARNING, -2: _logging.ERROR}
 _absl_frames_skipped = False
 
 
+def _ready_absl() -> Any:
+  """``absl.logging`` if the application imported it and it is fully loaded.
+
+  Another thread may be importing it right now: a module being imported is
+  already in ``sys.modules`` but half-built (its spec says ``_initializing``),
+  and touching it raises ``AttributeError`` (seen when a user imported absl
+  right after initialisation while the heartbeat thread logged).
+  """
+  absl = sys.modules.get("absl.logging")
+  if absl is None or getattr(getattr(absl, "__spec__", None), "_initializing",
+                             False):
+    return None
+  return absl
+
+
 def _log(absl_level: int, msg: str, args: tuple[Any, ...]) -> None:
   global _absl_frames_skipped
-  absl = sys.modules.get("absl.logging")
+  absl = _ready_absl()
   if absl is not None:
-    if not _absl_frames_skipped:  # So that absl names jdtensor's caller.
-      for name in ("_log", "info", "warning", "error", "vlog"):
-        absl.ABSLLogger.register_frame_to_skip(__file__, name)
-      _absl_frames_skipped = True
-    absl.log(absl_level, msg, *args)
-  else:
-    level = _STANDARD.get(absl_level, _logging.DEBUG - (absl_level - 1))
-    _logger.log(level, msg, *args, stacklevel=3)
+    try:
+      if not _absl_frames_skipped:  # So that absl names jdtensor's caller.
+        for name in ("_log", "info", "warning", "error", "vlog"):
+          absl.ABSLLogger.register_frame_to_skip(__file__, name)
+        _absl_frames_skipped = True
+      absl.log(absl_level, msg, *args)
+      return
+    except AttributeError:  # Half-built after all: use the standard logger.
+      pass
+  level = _STANDARD.get(absl_level, _logging.DEBUG - (absl_level - 1))
+  _logger.log(level, msg, *args, stacklevel=3)
 
 
 def info(msg: str, *args: Any) -> None:

@@ -13,9 +13,10 @@ exception that says what is wrong, every client first meets client 0 here:
    JSON hello: its client id, the cluster as it sees it, its device count,
    whether its heartbeat is on.
 3. Client 0 checks that all hellos agree (same ``DTENSOR_JOBS``, distinct
-   ids, equal device counts, heartbeat on everywhere or nowhere), answers
-   ``go`` or the error to everyone, and
-   closes the listener; JAX's coordination service then binds the same port.
+   ids, equal device counts, heartbeat on everywhere or nowhere), reserves a
+   port for the heartbeat's private coordination service (`reserve_port`),
+   answers ``go`` with that port, or the error, to everyone, and closes the
+   listener; JAX's coordination service then binds the same port.
 
 After it, every client is known to be alive and consistent, so JAX's own
 initialisation does not hit its aborting time-outs. The connections stay open
@@ -35,8 +36,8 @@ from dataclasses import dataclass
 
 from jdtensor.errors import StartupError, StartupTimeoutError
 
-__all__ = ["Hello", "Links", "split_host_port", "bind_address", "rendezvous",
-           "wait_for_service"]
+__all__ = ["Hello", "Links", "Meeting", "split_host_port", "bind_address",
+           "reserve_port", "rendezvous", "wait_for_service"]
 
 _PROTOCOL = 1
 _POLL_SECONDS = 0.05
@@ -123,6 +124,21 @@ def _listen(host: str, port: int, coordinator: str) -> socket.socket:
   return sock
 
 
+def reserve_port(host: str) -> socket.socket:
+  """Reserves a free TCP port on `host` for a gRPC server to bind later.
+
+  The socket is bound with SO_REUSEPORT but not listening: nobody can connect
+  to it, and gRPC (which sets SO_REUSEPORT) can bind the same port while it is
+  held, so no other process can take the port in between (a gRPC server that
+  finds its port taken crashes the process). Close it once the server runs.
+  """
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  sock = socket.socket(family, socket.SOCK_STREAM)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+  sock.bind((host, 0))
+  return sock
+
+
 def _recv_line(sock: socket.socket, deadline: float) -> bytes | None:
   """One newline-terminated message, or None on EOF or at the deadline."""
   buf = b""
@@ -141,8 +157,9 @@ def _recv_line(sock: socket.socket, deadline: float) -> bytes | None:
 
 
 def _serve(me: Hello, host: str, port: int, coordinator: str, timeout: float,
-           deadline: float) -> dict[int, socket.socket]:
+           deadline: float) -> Meeting:
   listener = _listen(host, port, coordinator)
+  reserved: socket.socket | None = None
   peers: dict[int, tuple[socket.socket, Hello]] = {}
   pending: list[socket.socket] = []
   problems: list[str] = []
@@ -182,15 +199,22 @@ def _serve(me: Hello, host: str, port: int, coordinator: str, timeout: float,
     # Close the listener before saying "go": from now on only JAX's
     # coordination service can accept on this port (see wait_for_service).
     listener.close()
-    message = {"error": problems[0]} if problems else {"go": True}
+    message: dict[str, object] = {"error": problems[0]} if problems else {"go": True}
+    if not problems:
+      reserved = reserve_port(host)
+      message["heartbeat_port"] = reserved.getsockname()[1]
     for sock, _ in peers.values():
       _reply(sock, message)
     if problems:
       raise StartupError(problems[0])
     links = {client: sock for client, (sock, _) in peers.items()}
     peers.clear()  # Kept open as liveness links; not closed below.
-    return links
+    meeting = Meeting(Links(0, links), int(message["heartbeat_port"]), reserved)
+    reserved = None  # Handed over; not closed below.
+    return meeting
   finally:
+    if reserved is not None:
+      reserved.close()
     for sock in pending:
       sock.close()
     for sock, _ in peers.values():
@@ -228,7 +252,7 @@ def _reply(sock: socket.socket, message: dict[str, object]) -> None:
 
 
 def _join(me: Hello, coordinator: str, timeout: float, deadline: float
-          ) -> socket.socket:
+          ) -> Meeting:
   host, port = split_host_port(coordinator)
   while True:
     remaining = deadline - time.monotonic()
@@ -265,7 +289,7 @@ def _join(me: Hello, coordinator: str, timeout: float, deadline: float
       sock.close()
       raise StartupError(f"Client {me.client_id}: start-up refused by client 0: "
                          f"{reply['error']}")
-    return sock
+    return Meeting(Links(me.client_id, {0: sock}), int(reply["heartbeat_port"]))
 
 
 def wait_for_service(coordinator: str, deadline: float, client_id: int) -> None:
@@ -291,8 +315,24 @@ def wait_for_service(coordinator: str, deadline: float, client_id: int) -> None:
       "init timeout; check client 0's output.")
 
 
+@dataclass
+class Meeting:
+  """What the rendezvous leaves behind.
+
+  Attributes:
+    links: The connections, kept open as liveness links (see `Links`).
+    heartbeat_port: The port of the heartbeat's private coordination service,
+      on client 0's coordinator host (reserved by client 0).
+    heartbeat_socket: Client 0 only: the socket holding that port until the
+      service binds it (see `reserve_port`).
+  """
+  links: Links
+  heartbeat_port: int
+  heartbeat_socket: socket.socket | None = None
+
+
 def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
-               timeout: float) -> Links:
+               timeout: float) -> Meeting:
   """Meets every client at the coordinator port, or raises.
 
   Args:
@@ -302,7 +342,7 @@ def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
     timeout: Seconds to wait in all.
 
   Returns:
-    The connections, kept open as liveness links (see `Links`).
+    The liveness links and the heartbeat service's port (see `Meeting`).
 
   Raises:
     StartupError: Port taken, bind address not on this host, inconsistent
@@ -312,8 +352,8 @@ def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
   """
   deadline = time.monotonic() + timeout
   if me.client_id == 0:
-    return Links(0, _serve(me, bind[0], bind[1], coordinator, timeout, deadline))
-  return Links(me.client_id, {0: _join(me, coordinator, timeout, deadline)})
+    return _serve(me, bind[0], bind[1], coordinator, timeout, deadline)
+  return _join(me, coordinator, timeout, deadline)
 
 
 class Links:

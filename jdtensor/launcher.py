@@ -180,8 +180,10 @@ def _describe(code: int) -> str:
 class _Supervisor:
   """Starts, watches and stops the clients."""
 
-  def __init__(self, spec: LaunchSpec, out: IO[str], err: IO[str]):
+  def __init__(self, spec: LaunchSpec, out: IO[str], err: IO[str],
+               base_env: Mapping[str, str]):
     self.spec = spec
+    self.base_env = base_env
     self.out, self.err = out, err
     self.procs: list[subprocess.Popen[bytes]] = []
     self.readers: list[threading.Thread] = []
@@ -205,7 +207,7 @@ class _Supervisor:
              if spec.port is not None else free_ports(spec.num_clients))
     for client in range(spec.num_clients):
       self.procs.append(subprocess.Popen(
-          _wrapped(spec.command), env=worker_env(spec, client, ports, os.environ),
+          _wrapped(spec.command), env=worker_env(spec, client, ports, self.base_env),
           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
           start_new_session=True))
     for client, proc in enumerate(self.procs):
@@ -288,17 +290,25 @@ class _Supervisor:
 
 
 def launch(spec: LaunchSpec, out: IO[str] | None = None,
-           err: IO[str] | None = None) -> LaunchResult:
+           err: IO[str] | None = None,
+           env: Mapping[str, str] | None = None) -> LaunchResult:
   """Runs `spec` to completion; see the module docstring.
 
   SIGINT and SIGTERM (when called from the main thread) stop every client.
+
+  Args:
+    spec: What to launch.
+    out, err: Where the clients' tagged output goes (default: this
+      process's stdout and stderr).
+    env: The clients' base environment (default ``os.environ``); the
+      launcher adds the DTENSOR_* variables to it.
 
   Returns:
     How the clients ended; the summary line is also written to `err`.
   """
   out = out or sys.stdout
   err = err or sys.stderr
-  sup = _Supervisor(spec, out, err)
+  sup = _Supervisor(spec, out, err, os.environ if env is None else env)
   previous = {}
   if threading.current_thread() is threading.main_thread():
     def on_signal(signum: int, _frame: object) -> None:

@@ -53,9 +53,8 @@ __all__ = [
     "register_tpu_mesh",
     "registered_tpu_mesh_devices",
     "next_auto_mesh_name",
-    "heartbeat_devices",
-    "kv_set",
-    "kv_dir",
+    "heartbeat_service",
+    "coordination_client",
     "record_peer_failure",
     "check_health",
 ]
@@ -77,10 +76,14 @@ class RuntimeState:
     simulated_tpu: The simulated TPU slice, if TPU cores are simulated on CPU.
     tpu_topology: The merged TPU topology (TPU runs).
     tpu_meshes: Devices of each mesh `create_tpu_mesh` registered, by name.
-    reserve_heartbeat_device: Whether each client's last CPU device is kept
-      for the heartbeat (every multi-client run).
     peer_failure: The failure the heartbeat recorded under policy "raise".
     links: The rendezvous connections, kept as liveness links.
+    heartbeat_port: Port of the heartbeat's private coordination service on
+      client 0's coordinator host (reserved at the rendezvous).
+    heartbeat_socket: Client 0: the socket holding that port until the
+      heartbeat's service binds it.
+    gloo_host: The DTENSOR_JOBS host of this client when it is an address of
+      this machine (gloo listens there), else None.
     init_seconds: Wall time `initialize` took.
   """
 
@@ -94,9 +97,11 @@ class RuntimeState:
   tpu_topology: Topology | None = None
   tpu_meshes: dict[str, list[Any]] = field(default_factory=dict)
   auto_mesh_names: int = 0
-  reserve_heartbeat_device: bool = False
   peer_failure: Exception | None = None
   links: _rendezvous.Links | None = None
+  heartbeat_port: int | None = None
+  heartbeat_socket: Any = None
+  gloo_host: str | None = None
   _device_table: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
 
 
@@ -118,8 +123,8 @@ def backend_initialized() -> bool:
   """Whether a JAX backend exists in this process. Never starts one."""
   if "jax" not in sys.modules:
     return False
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-  return bool(xla_bridge.backends_are_initialized())
+  from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
+  return _jax_private.backends_initialized()
 
 
 def configured_cpu_device_count(environ: Mapping[str, str] | None = None) -> int:
@@ -188,29 +193,27 @@ def _group(devices: list[Any], device_type: str) -> dict[tuple[str, int], list[A
   table: dict[tuple[str, int], list[Any]] = {}
   for d in sorted(devices, key=lambda d: (d.process_index, d.id)):
     table.setdefault((device_type, d.process_index), []).append(d)
-  if _state.reserve_heartbeat_device and devices and devices[0].platform == "cpu":
-    for key in table:  # The last CPU device of every client is the heartbeat's.
-      table[key] = table[key][:-1]
   return table
 
 
-def heartbeat_devices() -> list[Any]:
-  """The CPU device each client reserves for the heartbeat, in client order.
+def heartbeat_service() -> tuple[str, int, Any]:
+  """Where the heartbeat's private coordination service runs.
 
-  No jdtensor API ever returns these devices, so no user computation built
-  with jdtensor can share the heartbeat's replica group.
+  Returns:
+    (host to connect to, port, the socket reserving the port: client 0 only,
+    and only until the first call; the caller closes it once the service
+    binds the port).
 
   Raises:
     NotInitializedError: Outside an initialised multi-client run.
   """
-  if not (_state.multi_client and _state.reserve_heartbeat_device):
-    raise NotInitializedError("The heartbeat needs an initialised multi-client "
-                              "run (DTENSOR_JOBS with several clients).")
-  import jax  # pylint: disable=g-import-not-at-top
-  by_client: dict[int, list[Any]] = {}
-  for d in sorted(jax.devices("cpu"), key=lambda d: d.id):
-    by_client.setdefault(d.process_index, []).append(d)
-  return [by_client[c][-1] for c in sorted(by_client)]
+  with _lock:
+    if not _state.multi_client or _state.heartbeat_port is None:
+      raise NotInitializedError("The heartbeat needs an initialised multi-client "
+                                "run (DTENSOR_JOBS with several clients).")
+    host, _ = _rendezvous.split_host_port(_state.env.coordinator_address)
+    reserved, _state.heartbeat_socket = _state.heartbeat_socket, None
+    return host, _state.heartbeat_port, reserved
 
 
 def device_string(device: Any) -> str:
@@ -414,7 +417,7 @@ def _job_host_on_this_machine(env: _env.ClusterEnv) -> str | None:
   return host
 
 
-def _bind_collectives_to_job_address(env: _env.ClusterEnv) -> None:
+def _bind_collectives_to_job_address(host: str | None, client_id: int) -> None:
   """Makes gloo listen on this client's DTENSOR_JOBS host.
 
   JAX builds its CPU collectives with the machine's hostname, which may
@@ -424,20 +427,13 @@ def _bind_collectives_to_job_address(env: _env.ClusterEnv) -> None:
   machine (e.g. Open MPI placeholders), or when gloo is not in use.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from jax._src import distributed, xla_bridge  # pylint: disable=g-import-not-at-top
-  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-  host = _job_host_on_this_machine(env)
+
+  from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
   if host is None or jax.config.jax_cpu_collectives_implementation != "gloo":
     return
-
-  def make_cpu_client() -> Any:
-    collectives = _jax.make_gloo_tcp_collectives(
-        distributed_client=distributed.global_state.client, hostname=host)
-    return xla_bridge.make_cpu_client(collectives=collectives)
-  xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0,
-                                      fail_quietly=False)
+  _jax_private.bind_cpu_collectives(host)
   logging.info("jdtensor: CPU collectives listen on %s (DTENSOR_JOBS[%d])", host,
-               env.client_id)
+               client_id)
 
 
 def _died_during_startup(client: int, how: str) -> None:
@@ -470,20 +466,19 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
     local = config.num_local_devices(device_type)
   logging.info("jdtensor client %d of %d: meeting the coordinator at %s",
                env.client_id, env.num_clients, coordinator)
-  _state.links = _rendezvous.rendezvous(
+  meeting = _rendezvous.rendezvous(
       _rendezvous.Hello(env.client_id, env.num_clients, env.jobs, local,
                         env.heartbeat_enabled),
       coordinator, bind, timeouts.init)
+  _state.links = meeting.links
+  _state.heartbeat_port = meeting.heartbeat_port
+  _state.heartbeat_socket = meeting.heartbeat_socket
   atexit.register(_state.links.goodbye)
   # Until initialisation ends, a client that dies leaves the others in JAX's
   # C++ connect (which aborts at its time-out) or in the TPU core-id merge:
   # stop cleanly. `initialize` hands the links on when it is done.
   _state.links.watch(_died_during_startup)
-  # One extra, hidden CPU device per client carries the heartbeat (see
-  # heartbeat_devices); the device table leaves it out from now on.
-  visible = cpu_devices or configured_cpu_device_count()
-  _state.reserve_heartbeat_device = True
-  _set_cpu_device_count(visible + 1, False)
+  _set_cpu_device_count(cpu_devices, False)
   import jax  # pylint: disable=g-import-not-at-top
   if env.client_id != 0:
     _rendezvous.wait_for_service(coordinator, deadline, env.client_id)
@@ -498,7 +493,8 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
       shutdown_timeout_seconds=math.ceil(timeouts.shutdown),
       coordinator_bind_address=(f"[{host}]:{port}" if ":" in host
                                 else f"{host}:{port}"))
-  _bind_collectives_to_job_address(env)
+  _state.gloo_host = _job_host_on_this_machine(env)
+  _bind_collectives_to_job_address(_state.gloo_host, env.client_id)
   if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:
     raise RuntimeError(
         f"JAX disagrees with DTENSOR_*: it says process {jax.process_index()} "
@@ -577,11 +573,7 @@ def wait_at_barrier(barrier_id: str, timeout_ms: int) -> None:
     TimeoutError: If not every client arrived within `timeout_ms`.
     RuntimeError: If the coordination service reported another failure.
   """
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
-  client = distributed.global_state.client
-  if client is None:
-    raise NotInitializedError("No multi-client runtime: call "
-                              "initialize_accelerator_system() first.")
+  client = coordination_client()
   try:
     client.wait_at_barrier(barrier_id, int(timeout_ms))
   except Exception as e:  # JaxRuntimeError has no stable import path.
@@ -622,37 +614,21 @@ def next_auto_mesh_name() -> str:
     return name
 
 
-def _coordination_client() -> Any:
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
-  client = distributed.global_state.client
+def coordination_client() -> Any:
+  """JAX's coordination-service client (multi-client runs).
+
+  Raises:
+    NotInitializedError: Without a multi-client runtime.
+  """
+  if "jax" not in sys.modules:
+    raise NotInitializedError("No multi-client runtime: call "
+                              "initialize_accelerator_system() first.")
+  from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
+  client = _jax_private.coordination_client()
   if client is None:
     raise NotInitializedError("No multi-client runtime: call "
                               "initialize_accelerator_system() first.")
   return client
-
-
-def kv_set(key: str, value: str) -> None:
-  """Sets a key in the coordination service's key-value store (overwriting)."""
-  _coordination_client().key_value_set(key, value, allow_overwrite=True)
-
-
-def kv_dir(prefix: str, timeout: float) -> dict[str, str] | None:
-  """Every key under `prefix`, or None if the store did not answer in time.
-
-  The RPC runs on a helper thread so that a dead coordinator cannot block
-  the caller beyond `timeout` seconds.
-  """
-  out: list[dict[str, str]] = []
-
-  def read() -> None:
-    try:
-      out.append(dict(_coordination_client().key_value_dir_get(prefix)))
-    except Exception:  # pylint: disable=broad-except
-      pass
-  thread = threading.Thread(target=read, daemon=True, name="jdtensor-kv")
-  thread.start()
-  thread.join(timeout)
-  return out[0] if out else None
 
 
 def record_peer_failure(error: Exception) -> None:

@@ -10,8 +10,12 @@ from tests.helpers import clean_env, run_python
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jdtensor"
 
 # No module imports jax at module level (functions that touch the runtime
-# import it lazily), so importing any of them never starts a backend.
-MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))
+# import it lazily), so importing any of them never starts a backend. The one
+# exception is the private-JAX boundary, which only runtime code imports, and
+# only inside functions.
+PRIVATE_JAX = "_jax_private.py"
+MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if p.name != PRIVATE_JAX)
 # The launcher's parent process and the pure layers: not even numpy.
 STDLIB_ONLY = ["launcher", "cli", "_env", "_rendezvous", "cluster", "errors",
                "device_spec", "_logging"]
@@ -69,6 +73,29 @@ def test_only_runtime_touches_jax_config_and_distributed():
     assert not {n for n in names if n.startswith(("jax.config.update",
                                                    "jax.distributed",
                                                    "jax._src.distributed"))}, path
+
+
+def _all_imports(tree):
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      yield from (a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      yield node.module
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_private_jax_api_lives_in_one_module(module):
+  """jax._src and jaxlib are touched only by _jax_private (README, "Testing a
+  new JAX"), and nobody imports that module at module level."""
+  tree = ast.parse((PACKAGE / module).read_text())
+  private = {n for n in set(_all_imports(tree)) | set(_dotted_names(tree))
+             if n.startswith(("jax._src", "jaxlib"))}
+  assert not private, (module, private)
+  assert "jdtensor._jax_private" not in _top_level_imports(PACKAGE / module)
+  top_from = [n for n in tree.body if isinstance(n, ast.ImportFrom)
+              and n.module == "jdtensor" and any(a.name == "_jax_private"
+                                                 for a in n.names)]
+  assert not top_from, module
 
 
 @pytest.mark.subprocess

@@ -233,24 +233,6 @@ def _user_psum_setup():
   return n, local, make, fns
 
 
-def _check_psum(n, local, width, axes, out):
-  import numpy as np
-  full = np.arange(n * local * width, dtype=np.float32).reshape(n, local, width)
-  if axes == ("host", "dev"):
-    want = full.sum(axis=(0, 1))
-  elif axes == "host":
-    want = full.sum(axis=0)
-  else:
-    want = full.sum(axis=1)
-  for shard in out.addressable_shards:
-    h = shard.index[0].start or 0
-    d = (shard.index[1].start or 0) // width
-    expected = want if axes == ("host", "dev") else (want[d] if axes == "host" else want[h])
-    if not np.array_equal(np.asarray(shard.data).reshape(-1), expected.reshape(-1)):
-      return False
-  return True
-
-
 def scenario_heartbeat_basic():
   import time
   import jdtensor
@@ -268,32 +250,6 @@ def scenario_heartbeat_basic():
   result("beats", hb.beats)
 
 
-def scenario_heartbeat_stress():
-  """Thousands of user psums while the heartbeat beats every 10-50 ms."""
-  import time
-  import jdtensor
-  from jdtensor import heartbeat
-  jdtensor.initialize_accelerator_system("CPU")
-  n, local, make, fns = _user_psum_setup()
-  inputs = {w: make(w) for w in (1, 3, 16, 64)}
-  wrong = done = 0
-  start = time.monotonic()
-  for i in range(int(os.environ.get("STRESS_ITERS", "1500"))):
-    width = (1, 3, 16, 64)[i % 4]
-    axes = (("host", "dev"), "host", "dev")[(i // 4) % 3]
-    out = fns[axes](inputs[width])
-    if not _check_psum(n, local, width, axes, out):
-      wrong += 1
-    done += 1
-  elapsed = time.monotonic() - start
-  hb = heartbeat.current()
-  hb.event.set()
-  result("stress", {"done": done, "wrong": wrong,
-                    "stopped": hb.stopped.wait(20), "failure": str(hb.failure)})
-  result("beats", hb.beats)
-  result("seconds", round(elapsed, 1))
-
-
 def scenario_heartbeat_victim():
   """Everyone works; the test SIGKILLs one client; the others must notice."""
   import time
@@ -302,6 +258,9 @@ def scenario_heartbeat_victim():
   n, local, make, fns = _user_psum_setup()
   x = make(1)
   fns["dev"](x).block_until_ready()  # Steady state: programs built and run.
+  from jdtensor import heartbeat
+  if heartbeat.current() is not None:
+    heartbeat.current().ready.wait(60)  # ...and the heartbeat's first exchange.
   result("ready", os.getpid())
   deadline = time.monotonic() + 60
   try:

@@ -33,6 +33,7 @@ class SumExchange:
 
   def for_client(self, c):
     def exchange(row):
+      self.freeze_if_stuck(c)
       with self.cond:
         my_round = self.round
         self.rows[c] = row.copy()
@@ -47,15 +48,34 @@ class SumExchange:
     return exchange
 
 
+class RollCall:
+  """The key-value roll call: who said "I am in beat N"."""
+
+  def __init__(self, ex):
+    self.ex = ex
+    self.present = {}
+    self.lock = threading.Lock()
+
+  def for_client(self, c):
+    def roll_call(beat, grace):
+      self.ex.freeze_if_stuck(c)  # A frozen process answers nothing.
+      with self.lock:
+        self.present.setdefault(beat, set()).add(c)
+      deadline = time.monotonic() + grace
+      while time.monotonic() < deadline and len(self.present[beat]) < self.ex.n:
+        time.sleep(0.01)
+      with self.lock:
+        return set(self.present[beat])
+    return roll_call
+
+
 def make_cluster(n, period=0.02, policy="log", token_seed=None):
   ex = SumExchange(n)
-  beats = {}
+  calls = RollCall(ex)
   exits = []
   hbs = [heartbeat.Heartbeat(
-      period, policy, ex.for_client(c), c, n,
-      record_beat=lambda client, beat, wall: (ex.freeze_if_stuck(client),
-                                              beats.__setitem__(client, (beat, wall))),
-      read_beats=lambda: dict(beats), terminate=exits.append) for c in range(n)]
+      period, policy, ex.for_client(c), c, n, roll_call=calls.for_client(c),
+      terminate=exits.append) for c in range(n)]
   threads = [threading.Thread(target=h.first_exchange) for h in hbs]
   for t in threads:
     t.start()
@@ -101,7 +121,8 @@ def test_stuck_client_is_named_after_the_deadline_and_terminated():
   while not exits and time.monotonic() - start < 10:
     time.sleep(0.05)
   assert exits[0] == heartbeat.EXIT_CODE
-  assert 2.5 < time.monotonic() - start < 6  # The 3 s deadline, then the report.
+  # The 3 s deadline, then the roll call's grace, then the report.
+  assert 2.5 < time.monotonic() - start < 3 + heartbeat.ROLL_CALL_GRACE + 2
   assert hbs[0].failure.client_ids == (1,)
   assert str(hbs[0].failure).startswith("heartbeat: client 1 missed beat ")
   assert str(hbs[0].failure).endswith("s ago); stopping this client")
@@ -139,9 +160,80 @@ def test_configuration_checks():
 def test_beat_stuck_after_every_client_started_it():
   ex, hbs, exits = make_cluster(2, period=0.05, policy="raise")
   hbs[1].start_threads = lambda: None  # Client 1 never beats again...
-  hbs[1]._record(1, 10**6, time.time())  # ...although it claims it started.
-  hbs[0].start_threads()
+  threading.Thread(target=hbs[1]._roll_call, args=(1, 5.0), daemon=True).start()
+  hbs[0].start_threads()  # ...although it answers beat 1's roll call.
   assert hbs[0].stopped.wait(10)
   assert str(hbs[0].failure).startswith("heartbeat: beat 1 did not complete within 3 s "
                                         "although every client started it; raising ")
   assert not exits
+
+
+def test_an_exception_in_the_heartbeats_own_code_is_this_clients_failure():
+  ex, hbs, exits = make_cluster(2, period=0.02, policy="terminate")
+  announced = []
+  hbs[1]._announce = lambda clients, why: announced.append((clients, why))
+
+  def broken_row(signal, stop, real=hbs[1]._row):
+    if hbs[1].beats == 3:
+      raise TypeError("a bug in the record code")
+    return real(signal, stop)
+  hbs[1]._row = broken_row
+  hbs[1].start_threads()
+  hbs[0]._terminate = lambda code: None  # Client 0 waits; only 1 is checked.
+  hbs[0].start_threads()
+  deadline = time.monotonic() + 10
+  while not exits and time.monotonic() < deadline:
+    time.sleep(0.02)
+  assert exits == [heartbeat.OWN_FAILURE_EXIT_CODE]  # A root cause, not 75.
+  message = str(hbs[1].failure)
+  assert hbs[1].failure.client_ids == (1,)
+  assert message.startswith("heartbeat: this client's (1) heartbeat failed in its "
+                            "own code: TypeError: a bug in the record code\n"
+                            "Traceback (most recent call last):\n")
+  assert message.endswith("TypeError: a bug in the record code\n; stopping this client")
+  assert "missed beat" not in message  # Never blamed on a peer.
+  assert announced and announced[0][0] == [1]
+  hbs[0].event.set()
+
+
+def test_a_wrong_sum_is_not_reported_as_a_contradiction():
+  """Seen before the private runtime: 'it sent token 12927, the cluster's is
+  12927'. A slot only its owner writes that comes back wrong means the
+  exchange itself is broken, and the message says so."""
+  hb = heartbeat.Heartbeat(1, "log", lambda r: r, 2, 3)
+  hb.token = 12927
+  hb.beats = 5
+  hb._token_mismatch(np.array([12927, 12927, 4242]))
+  assert str(hb.failure) == (
+      "heartbeat: beat 5 returned a wrong sum: this client (2) sent token 12927 "
+      "but its slot holds 4242 (all slots: [12927, 12927, 4242]); carrying on "
+      "(policy 'log')")
+  assert hb.failure.client_ids == (2,)
+
+
+def test_links_only_heartbeat_stops_and_names_a_dead_client():
+  """Without the private runtime: no beats; the liveness links still work."""
+  hb = heartbeat.Heartbeat(0.05, "log", None, 0, 3)
+  hb.start_threads()
+  assert hb.ready.wait(1)
+  hb.peer_died(2, "its process ended without saying goodbye")
+  assert str(hb.failure) == ("heartbeat: client 2 is gone (its process ended "
+                             "without saying goodbye); carrying on (policy 'log')")
+  assert hb.stop(timeout=1)
+  quiet = heartbeat.Heartbeat(0.05, "log", None, 0, 3)
+  quiet.start_threads()
+  assert quiet.stop(timeout=1) and quiet.failure is None and quiet.beats == 0
+
+
+def test_agreed_stop_runs_the_collective_teardown_on_every_client():
+  ex = SumExchange(2)
+  closed = []
+  hbs = [heartbeat.Heartbeat(0.02, "log", ex.for_client(c), c, 2,
+                             close_exchange=lambda t, c=c: closed.append(c) or True)
+         for c in range(2)]
+  for h in hbs:
+    h.start_threads()
+  time.sleep(0.2)
+  hbs[0].event.set()
+  assert all(h.stopped.wait(5) for h in hbs)
+  assert sorted(closed) == [0, 1] and all(h.closed_cleanly for h in hbs)
