@@ -2,6 +2,7 @@
 
     python benchmarks/_client.py psum_loop SECONDS
     python benchmarks/_client.py idle SECONDS
+    python benchmarks/_client.py first_collective|rss|wait_to_be_killed
 """
 
 import os
@@ -62,7 +63,29 @@ def idle(seconds: float) -> None:
   print(f"IDLE_CPU_MS_PER_S {1e3 * rate:.2f}", flush=True)
 
 
-def first_collective() -> None:
+def rss_mib() -> float:
+  """This process's resident set size, MiB."""
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1]) / 1024
+  return float("nan")
+
+
+def rss() -> None:
+  """Resident memory once the runtime (and the heartbeat) are up and idle."""
+  first_collective(exit_after=False)
+  from jdtensor import heartbeat, runtime  # pylint: disable=g-import-not-at-top
+  hb = heartbeat.current()
+  if hb is not None:
+    hb.ready.wait(60)
+  time.sleep(2.0)
+  print(f"RSS_MIB {rss_mib():.1f}", flush=True)
+  runtime.wait_at_barrier("bench-rss", 60_000)
+  os._exit(0)
+
+
+def first_collective(exit_after: bool = True) -> None:
   """jdtensor: initialise, build a distributed mesh, one cross-client psum."""
   import jax
   import numpy as np
@@ -79,8 +102,9 @@ def first_collective() -> None:
                                 in_specs=P("x"), out_specs=P()))(x)
   assert float(np.asarray(total.addressable_data(0))[0]) == n
   print(f"FIRST_COLLECTIVE_AT {time.time():.6f}", flush=True)
-  runtime.wait_at_barrier("bench-done", 60_000)  # Nobody exits mid-collective.
-  os._exit(0)
+  if exit_after:
+    runtime.wait_at_barrier("bench-done", 60_000)  # Nobody exits mid-collective.
+    os._exit(0)
 
 
 def wait_to_be_killed() -> None:
@@ -95,4 +119,5 @@ if __name__ == "__main__":
   {"psum_loop": lambda: psum_loop(float(sys.argv[2])),
    "idle": lambda: idle(float(sys.argv[2])),
    "first_collective": first_collective,
+   "rss": rss,
    "wait_to_be_killed": wait_to_be_killed}[sys.argv[1]]()

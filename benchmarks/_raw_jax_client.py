@@ -1,6 +1,6 @@
 """The hand-written baseline: what users write with plain jax.distributed.
 
-    python benchmarks/_raw_jax_client.py first_collective|wait_to_be_killed
+    python benchmarks/_raw_jax_client.py first_collective|rss|wait_to_be_killed
 
 Reads DTENSOR_JOBS / DTENSOR_CLIENT_ID / JAX_NUM_CPU_DEVICES like the jdtensor
 client, and does the same work with JAX's defaults.
@@ -36,5 +36,9 @@ total = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b, "x"), mesh=mesh,
                               in_specs=P("x"), out_specs=P()))(x)
 assert float(np.asarray(total.addressable_data(0))[0]) == n
 print(f"FIRST_COLLECTIVE_AT {time.time():.6f}", flush=True)
+if sys.argv[1] == "rss":
+  time.sleep(2.0)
+  from benchmarks._client import rss_mib  # noqa: E402
+  print(f"RSS_MIB {rss_mib():.1f}", flush=True)
 distributed.global_state.client.wait_at_barrier("bench-done", 60_000)
 os._exit(0)

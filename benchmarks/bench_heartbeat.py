@@ -1,11 +1,16 @@
-"""Heartbeat overhead: steps/s of a psum-heavy loop, heartbeat off vs on.
+"""Heartbeat overhead: start-up, memory, idle CPU and a psum-heavy loop.
 
     python benchmarks/bench_heartbeat.py [--repeats N] [--seconds S]
 
-2 clients x 2 CPU devices under `jdtensor launch`; every step is a psum over
-all 4 devices. The configurations run interleaved, round after round, so
-machine noise falls on all of them alike; the figure is the ratio of median
-steps/s to the heartbeat-off median.
+1. The private runtime's start-up cost: cold start to the first psum, 4
+   clients x 2 CPU devices, heartbeat on vs off vs raw ``jax.distributed``;
+   resident memory per client once everything is up and idle.
+2. Idle CPU of a client, heartbeat off vs period 1 s and 0.1 s.
+3. Steps/s of a loop whose every step is a psum over all devices, 2 clients
+   x 2 CPU devices.
+
+Configurations run interleaved, round after round, so machine noise falls on
+all of them alike; compare the differences and ratios to the baseline.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks import bench_startup  # noqa: E402
 from benchmarks._timing import machine  # noqa: E402
 from jdtensor import launcher  # noqa: E402
 
@@ -59,11 +65,42 @@ def run_once(env: dict[str, str], seconds: float
   return min(rates), sum(cpu), beats
 
 
+STARTUP = {"raw JAX": ("raw JAX", None),
+           "jdtensor, heartbeat off": ("jdtensor", {"DTENSOR_ENABLE_HEARTBEAT": "false"}),
+           "jdtensor, heartbeat on": ("jdtensor", {"JDTENSOR_HEARTBEAT_PERIOD": "1"})}
+
+
+def startup_costs(repeats: int) -> list[str]:
+  """Cold start and resident memory, heartbeat on vs off vs raw JAX (4 x 2)."""
+  cold: dict[str, list[float]] = {name: [] for name in STARTUP}
+  rss: dict[str, list[float]] = {name: [] for name in STARTUP}
+  for _ in range(repeats):
+    for name, (kind, env) in STARTUP.items():
+      cold[name].append(bench_startup.cold_start(kind, 4, 2, env))
+      outs = bench_startup.run_clients(kind, 4, 2, "rss", env)
+      rss[name] += [float(v) for out in outs
+                    for v in re.findall(r"RSS_MIB ([\d.]+)", out)]
+  off_cold = statistics.median(cold["jdtensor, heartbeat off"])
+  off_rss = statistics.median(rss["jdtensor, heartbeat off"])
+  lines = ["The heartbeat's private runtime at start-up, 4 clients x 2 CPU devices "
+           f"({repeats} interleaved rounds): cold start from launch to every "
+           "client having done one psum, and resident memory per client once "
+           "the runtime (and heartbeat) are up and idle.", "",
+           "| | cold start min / median (s) | vs heartbeat off | RSS per client "
+           "median (MiB) | vs heartbeat off |", "|---|---:|---:|---:|---:|"]
+  for name in STARTUP:
+    med, mem = statistics.median(cold[name]), statistics.median(rss[name])
+    lines.append(f"| {name} | {min(cold[name]):.2f} / {med:.2f} | "
+                 f"{med - off_cold:+.2f} s | {mem:.1f} | {mem - off_rss:+.1f} MiB |")
+  return lines + [""]
+
+
 def main(argv=None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--seconds", type=float, default=4.0)
   args = parser.parse_args(argv)
+  startup = startup_costs(args.repeats)
   idle: dict[str, list[float]] = {name: [] for name in CONFIGS}
   for _ in range(args.repeats):
     for name, env in CONFIGS.items():
@@ -81,9 +118,9 @@ def main(argv=None) -> str:
   base = statistics.median(rates["off"])
   base_cpu = statistics.median(cpu["off"])
   idle_base = statistics.median(idle["off"])
-  lines = [f"Machine: {machine()}",
-           f"2 clients x 2 CPU devices, {args.repeats} interleaved runs of "
-           f"{args.seconds:g} s each.", "",
+  lines = [f"Machine: {machine()}", "", *startup,
+           f"Idle CPU and the psum loop: 2 clients x 2 CPU devices, "
+           f"{args.repeats} interleaved runs of {args.seconds:g} s each.", "",
            "Cost of the heartbeat itself: CPU time of an idle client (all its "
            "threads), per second of wall time.", "",
            "| heartbeat | idle CPU ms/s (median) | added by the heartbeat | "

@@ -74,20 +74,30 @@ def _reap(procs: list[subprocess.Popen], timeout: float) -> list[str]:
   return outs
 
 
-def cold_start(kind: str, n: int, devices: int) -> float:
-  """Seconds from launch until the last client finished its first psum."""
-  start = time.time()
+def run_clients(kind: str, n: int, devices: int, mode: str,
+                env: dict[str, str] | None = None) -> list[str]:
+  """Runs `mode` of the `kind` client on n clients; their outputs.
+
+  `env` adds variables to jdtensor's clients (e.g. the heartbeat off).
+  """
   if kind == "jdtensor":
     procs = [subprocess.Popen(
         [PY, "-m", "jdtensor", "launch", "-n", str(n), "--devices-per-client",
-         str(devices), "--timeout", "300", "--", PY, CLIENT, "first_collective"],
-        env=_base_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, start_new_session=True)]
+         str(devices), "--timeout", "300", "--", PY, CLIENT, mode],
+        env={**_base_env(), **(env or {})}, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, start_new_session=True)]
   elif kind == "raw JAX":
-    procs = _spawn([PY, RAW, "first_collective"], n, devices)
+    procs = _spawn([PY, RAW, mode], n, devices)
   else:
-    procs = _spawn([TF_PY, TF, "first_collective"], n, devices)
-  times = [float(t) for out in _reap(procs, 300)
+    procs = _spawn([TF_PY, TF, mode], n, devices)
+  return _reap(procs, 300)
+
+
+def cold_start(kind: str, n: int, devices: int,
+               env: dict[str, str] | None = None) -> float:
+  """Seconds from launch until the last client finished its first psum."""
+  start = time.time()
+  times = [float(t) for out in run_clients(kind, n, devices, "first_collective", env)
            for t in re.findall(r"FIRST_COLLECTIVE_AT ([\d.]+)", out)]
   if len(times) != n:
     raise RuntimeError(f"{kind}: {len(times)} of {n} clients reached the psum")
