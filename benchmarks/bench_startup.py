@@ -10,6 +10,10 @@
 2. Scale: the same for 2, 4 and 8 clients x 1 device.
 3. Dead-client detection: SIGKILL one of 4 clients, time until the last
    survivor has exited: jdtensor (heartbeat period 1 s) vs raw JAX's defaults.
+4. The other ways a client stops taking part (3 clients x 2 devices, a psum
+   loop, client 1 misbehaves at step 3; tests/multiprocess/failure_client.py):
+   an exception, and a stall (stall time-out 3 s): time from the misbehaviour
+   to the last survivor's exit.
 
 Contenders run interleaved, round after round; figures are medians and the
 ratios between contenders in the same run.
@@ -128,6 +132,26 @@ def detection(kind: str, n: int = 4) -> float:
     _reap(procs, 5)
 
 
+FAILURE_CLIENT = os.path.join(ROOT, "tests", "multiprocess", "failure_client.py")
+
+
+def misbehaviour_detection(what: str, env: dict[str, str]) -> float:
+  """Seconds from client 1's misbehaviour to the last survivor's exit."""
+  import io  # pylint: disable=g-import-not-at-top
+
+  from jdtensor import launcher  # pylint: disable=g-import-not-at-top
+  out, err = io.StringIO(), io.StringIO()
+  res = launcher.launch(launcher.LaunchSpec(
+      command=(PY, FAILURE_CLIENT), num_clients=3, devices_per_client=2,
+      timeout=120, grace=3), out=out, err=err,
+      env={**_base_env(), "MISBEHAVE": what, **env})
+  stamps = re.findall(r"^\[client 1\] MISBEHAVING ([\d.]+)$", out.getvalue(), re.M)
+  ended = [res.ended_at[c] for c in (0, 2)]
+  if not stamps or None in ended or res.first_failure != 1:
+    raise RuntimeError(f"{what}: unexpected end: {res.reason}\n{err.getvalue()}")
+  return max(ended) - float(stamps[0])  # type: ignore[arg-type]
+
+
 def _median_row(label: str, samples: dict[str, list[float]], base: str) -> str:
   cells = [label]
   base_med = statistics.median(samples[base])
@@ -186,6 +210,23 @@ def main(argv=None) -> str:
     raw = [detection("raw JAX")]
     lines.append(f"| raw JAX defaults (coordination heartbeat 100 s) | 1 | "
                  f"{raw[0]:.1f} | {raw[0]:.1f} | {raw[0]:.1f} |")
+  rounds = max(2, args.repeats // 2)
+  kinds_of_failure = {
+      "an exception in client 1 (heartbeat period 1 s)":
+          ("exception", {"JDTENSOR_HEARTBEAT_PERIOD": "1"}),
+      "client 1 stalls (period 1 s, stall time-out 3 s; includes the 3 s)":
+          ("stall", {"JDTENSOR_HEARTBEAT_PERIOD": "1", "JDTENSOR_STALL_TIMEOUT": "3"}),
+  }
+  lines += ["", "Other ways to stop taking part: 3 clients x 2 devices in a psum "
+            "loop, client 1 misbehaves at step 3; seconds from the misbehaviour "
+            "to the last survivor's exit (raw JAX: an exception leaves the others "
+            "in their next psum until JAX's shutdown barrier fails, 60-300 s, "
+            "then a C++ abort; a stall hangs until an outside time-out):", "",
+            "| | runs | min | median | max |", "|---|---:|---:|---:|---:|"]
+  for label, (what, env) in kinds_of_failure.items():
+    times = [misbehaviour_detection(what, env) for _ in range(rounds)]
+    lines.append(f"| {label} | {len(times)} | {min(times):.2f} | "
+                 f"{statistics.median(times):.2f} | {max(times):.2f} |")
   report = "\n".join(lines)
   print(report)
   return report

@@ -48,6 +48,13 @@ __all__ = [
     "JDTENSOR_COORDINATOR_BIND_ADDRESS",
     "JDTENSOR_HEARTBEAT_PERIOD",
     "JDTENSOR_HEARTBEAT_POLICY",
+    "JDTENSOR_STUCK_TIMEOUT",
+    "JDTENSOR_STALL_TIMEOUT",
+    "JDTENSOR_STALL_KILL_ALL_WAITING",
+    "JDTENSOR_REPORT_DIR",
+    "HEARTBEAT_POLICIES",
+    "HeartbeatSettings",
+    "read_heartbeat_settings",
     "ClusterEnv",
     "parse_bool",
     "parse_int",
@@ -79,6 +86,12 @@ JDTENSOR_SHUTDOWN_TIMEOUT = "JDTENSOR_SHUTDOWN_TIMEOUT"
 JDTENSOR_COORDINATOR_BIND_ADDRESS = "JDTENSOR_COORDINATOR_BIND_ADDRESS"
 JDTENSOR_HEARTBEAT_PERIOD = "JDTENSOR_HEARTBEAT_PERIOD"
 JDTENSOR_HEARTBEAT_POLICY = "JDTENSOR_HEARTBEAT_POLICY"
+JDTENSOR_STUCK_TIMEOUT = "JDTENSOR_STUCK_TIMEOUT"
+JDTENSOR_STALL_TIMEOUT = "JDTENSOR_STALL_TIMEOUT"
+JDTENSOR_STALL_KILL_ALL_WAITING = "JDTENSOR_STALL_KILL_ALL_WAITING"
+# Set by `jdtensor launch` for its clients: where a client that stops because
+# of another writes whom it blames (the launcher names the root cause).
+JDTENSOR_REPORT_DIR = "JDTENSOR_REPORT_DIR"
 
 _TRUE = frozenset({"1", "true", "yes"})
 _FALSE = frozenset({"0", "false", "no"})
@@ -389,3 +402,103 @@ def read_timeouts(environ: Mapping[str, str] | None = None, *,
     else:
       values[field_name] = getattr(defaults, field_name)
   return Timeouts(**values)
+
+
+HEARTBEAT_POLICIES = ("terminate", "raise", "log")
+_PERIOD_RANGE = (0.01, 3600.0)
+_TIMEOUT_MAX = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class HeartbeatSettings:
+  """The heartbeat's settings; every client must have the same.
+
+  Attributes:
+    period: Seconds between beats (``JDTENSOR_HEARTBEAT_PERIOD``, default 2,
+      0.01 to 3600).
+    policy: What a client does when another fails: terminate, raise or log
+      (``JDTENSOR_HEARTBEAT_POLICY``, default terminate).
+    stuck_timeout: Seconds a beat may take before the clients that did not
+      join it are named stuck (``JDTENSOR_STUCK_TIMEOUT``, default 60, at
+      least twice the period): a process that is alive but whose heartbeat
+      cannot run (SIGSTOP, swapped out, a GIL held by C code). Long enough
+      that a 20 s GIL hold or a GC pause never stops a job, and shorter than
+      JAX's own coordination heartbeat (100 s), which aborts every client.
+    stall_timeout: Seconds a client may go without joining the collective
+      every other client waits in before it is named stalled
+      (``JDTENSOR_STALL_TIMEOUT``, default 300; 0 disables).
+    stall_kill_all_waiting: When every client has waited in a collective for
+      the stall timeout (a long computation, or a deadlock), fail the run
+      instead of only logging each client's stack
+      (``JDTENSOR_STALL_KILL_ALL_WAITING``, default false).
+  """
+  period: float = 2.0
+  policy: str = "terminate"
+  stuck_timeout: float = 60.0
+  stall_timeout: float = 300.0
+  stall_kill_all_waiting: bool = False
+
+  def handshake(self) -> dict[str, object]:
+    """The values every client must agree on, by variable name."""
+    return {JDTENSOR_HEARTBEAT_PERIOD: self.period,
+            JDTENSOR_HEARTBEAT_POLICY: self.policy,
+            JDTENSOR_STUCK_TIMEOUT: self.stuck_timeout,
+            JDTENSOR_STALL_TIMEOUT: self.stall_timeout,
+            JDTENSOR_STALL_KILL_ALL_WAITING: self.stall_kill_all_waiting}
+
+
+def _seconds(name: str, raw: str, low: float, high: float, zero_ok: bool = False
+             ) -> float:
+  try:
+    value = float(raw.strip())
+  except ValueError:
+    value = float("nan")
+  if zero_ok and value == 0:
+    return 0.0
+  if not low <= value <= high:  # Also rejects nan and inf.
+    allowed = f"a number of seconds from {low:g} to {high:g}"
+    raise ConfigError(f"{name}={raw!r} must be "
+                      + (f"0 (off) or {allowed}." if zero_ok else f"{allowed}."))
+  return value
+
+
+def read_heartbeat_settings(environ: Mapping[str, str] | None = None, *,
+                            period: float | None = None,
+                            policy: str | None = None) -> HeartbeatSettings:
+  """The heartbeat's settings: explicit arguments win over the variables.
+
+  Raises:
+    ConfigError: For a value out of range or a stuck time-out shorter than
+      two periods; the message names the variable (or argument).
+  """
+  env = _environ(environ)
+  defaults = HeartbeatSettings()
+
+  def pick(name: str, arg: object) -> tuple[str, str] | None:
+    """(name to show, raw value) of an argument or variable; None if unset."""
+    if arg is not None:  # The argument's name: period=..., policy=...
+      return name.lower().removeprefix("jdtensor_heartbeat_"), str(arg)
+    raw = env.get(name)
+    return None if raw is None else (name, raw)
+  got = pick(JDTENSOR_HEARTBEAT_PERIOD, period)
+  period_value = (defaults.period if got is None else
+                  _seconds(got[0], got[1], *_PERIOD_RANGE))
+  got = pick(JDTENSOR_HEARTBEAT_POLICY, policy)
+  policy_value = defaults.policy if got is None else got[1].strip().lower()
+  if got is not None and policy_value not in HEARTBEAT_POLICIES:
+    raise ConfigError(f"{got[0]}={got[1]!r} is not one of "
+                      f"{', '.join(HEARTBEAT_POLICIES)}.")
+  raw = env.get(JDTENSOR_STUCK_TIMEOUT)
+  stuck = (max(defaults.stuck_timeout, 2 * period_value) if raw is None else
+           _seconds(JDTENSOR_STUCK_TIMEOUT, raw, 1.0, _TIMEOUT_MAX))
+  if stuck < 2 * period_value:
+    raise ConfigError(
+        f"{JDTENSOR_STUCK_TIMEOUT}={raw!r} must be at least twice the heartbeat "
+        f"period ({period_value:g} s): a beat may take a period to start.")
+  raw = env.get(JDTENSOR_STALL_TIMEOUT)
+  stall = (defaults.stall_timeout if raw is None else
+           _seconds(JDTENSOR_STALL_TIMEOUT, raw, 1.0, _TIMEOUT_MAX, zero_ok=True))
+  return HeartbeatSettings(
+      period=period_value, policy=policy_value, stuck_timeout=stuck,
+      stall_timeout=stall,
+      stall_kill_all_waiting=read_bool(JDTENSOR_STALL_KILL_ALL_WAITING, False, env))

@@ -43,6 +43,8 @@ __all__ = [
     "backends_initialized",
     "coordination_client",
     "bind_cpu_collectives",
+    "detach_from_jax_shutdown",
+    "keep_alive",
     "PrivateRuntime",
 ]
 
@@ -160,6 +162,38 @@ def bind_cpu_collectives(host: str) -> None:
                                           hostname=host))
   _FOUND["register_backend_factory"]("cpu", make_cpu_client, priority=0,
                                      fail_quietly=False)
+
+
+_KEPT_ALIVE: list[Any] = []
+
+
+def keep_alive(*objects: Any) -> None:
+  """Never destroys `objects` (their C++ destructors may wait for peers that
+  are gone); the process's exit closes their connections."""
+  import ctypes  # pylint: disable=g-import-not-at-top
+  for obj in objects:
+    if obj is not None:
+      _KEPT_ALIVE.append(obj)
+      ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+def detach_from_jax_shutdown() -> None:
+  """Keeps JAX's exit handler away from its shutdown barrier.
+
+  At exit, JAX shuts ``jax.distributed`` down with a barrier over every
+  client; when a client has failed or left, that barrier waits out the
+  shutdown time-out and then aborts the process from C++ (losing its exit
+  code). This hands JAX's exit handler nothing to shut down. The client and
+  service objects are kept referenced for the life of the process, so their
+  C++ destructors (which would run the same barrier) never run either; the
+  process's exit closes their connections.
+  """
+  state = _FOUND["distributed_state"]
+  if state is None:
+    return
+  for name in ("preemption_sync_manager", "client", "service"):
+    keep_alive(getattr(state, name, None))
+    setattr(state, name, None)
 
 
 # -- the heartbeat's private runtime ---------------------------------------------------

@@ -31,7 +31,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jdtensor.errors import StartupError, StartupTimeoutError
@@ -51,12 +51,16 @@ class Hello:
   jobs: tuple[str, ...]
   local_devices: int
   heartbeat: bool = True
+  # Settings every client must share, by variable name (heartbeat period and
+  # policy, time-outs): compared as they are.
+  settings: tuple[tuple[str, object], ...] = ()
 
   def to_json(self) -> bytes:
     return (json.dumps({"jdtensor": _PROTOCOL, "client_id": self.client_id,
                         "num_clients": self.num_clients, "jobs": list(self.jobs),
                         "local_devices": self.local_devices,
-                        "heartbeat": self.heartbeat}) + "\n").encode()
+                        "heartbeat": self.heartbeat,
+                        "settings": dict(self.settings)}) + "\n").encode()
 
   @classmethod
   def from_json(cls, line: bytes) -> Hello:
@@ -65,7 +69,8 @@ class Hello:
       raise ValueError(f"not a jdtensor hello: {line[:80]!r}")
     return cls(int(data["client_id"]), int(data["num_clients"]),
                tuple(data["jobs"]), int(data["local_devices"]),
-               bool(data["heartbeat"]))
+               bool(data["heartbeat"]),
+               tuple(sorted(dict(data.get("settings", {})).items())))
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -237,6 +242,12 @@ def _check(me: Hello, hello: Hello, peers: dict[int, tuple[socket.socket, Hello]
             f"{'on' if hello.heartbeat else 'off'} but client 0 has it "
             f"{'on' if me.heartbeat else 'off'}; set DTENSOR_ENABLE_HEARTBEAT the "
             "same on every client.")
+  theirs, mine = dict(hello.settings), dict(me.settings)
+  for name in sorted(set(theirs) | set(mine)):
+    if theirs.get(name) != mine.get(name):
+      return (f"Client {hello.client_id} has {name}={theirs.get(name)!r} but "
+              f"client 0 has {mine.get(name)!r}; set {name} the same on every "
+              "client.")
   if hello.local_devices != me.local_devices:
     return (f"Client {hello.client_id} has {hello.local_devices} local devices "
             f"but client 0 has {me.local_devices}; DTensor meshes need the same "
@@ -315,6 +326,18 @@ def wait_for_service(coordinator: str, deadline: float, client_id: int) -> None:
       "init timeout; check client 0's output.")
 
 
+_TCP_ESTABLISHED = 1
+
+
+def _peer_open(sock: socket.socket) -> bool:
+  """Whether the other end of a connection is still open (Linux TCP_INFO)."""
+  try:
+    state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+  except OSError:
+    return False  # Closed here already.
+  return state == _TCP_ESTABLISHED
+
+
 @dataclass
 class Meeting:
   """What the rendezvous leaves behind.
@@ -360,50 +383,48 @@ class Links:
   """The rendezvous connections, kept open to notice a dead process at once.
 
   A star: client 0 holds one connection per client, every other client one to
-  client 0. A process that exits normally says ``bye`` first; an end of
-  stream without it means the process died. Failure reports (`report`) go
-  through client 0 to every other client, so all of them know within
-  milliseconds (JAX's own detection takes its heartbeat time-out, or aborts
-  the survivors with a C++ fatal log when client 0 dies).
+  client 0, which relays every message to the others. A process that exits
+  normally says ``bye`` first; an end of stream without it means the process
+  died. Failure reports (`report`), departures (`announce_departure`) and
+  notices (`notice`) reach every client within milliseconds (JAX's own
+  detection takes its heartbeat time-out, or aborts the survivors with a C++
+  fatal log when client 0 dies).
+
+  Events go to a handler object (`watch`) with any of these methods, called
+  from a daemon thread:
+
+  * ``peer_died(client, how)``: a linked process ended without a goodbye;
+  * ``peer_reported(clients, why, reporter)``: a client reports `clients`
+    failed (this client included, when it is the one named);
+  * ``peer_left(client, code, why, failed)``: a client announces it is
+    leaving, with its exit code and reason;
+  * ``peer_notice(client, text)``: something the others should know.
   """
 
   def __init__(self, client_id: int, sockets: dict[int, socket.socket]):
     self.client_id = client_id
     self._sockets = dict(sockets)
     self._closing = False
+    self._said_bye: set[int] = set()
     self._lock = threading.Lock()
-    self._on_death: Callable[[int, str], None] | None = None
-    self._on_report: Callable[[list[int], str, int], None] | None = None
+    self._handler: object | None = None
     self._thread: threading.Thread | None = None
 
-  def watch(self, on_death: Callable[[int, str], None] | None,
-            on_report: Callable[[list[int], str, int], None] | None = None
-            ) -> None:
-    """Routes events to new handlers (None ignores them); starts watching.
-
-    From a daemon thread, ``on_death(client, how)`` when a linked process ends
-    without saying goodbye, and ``on_report(clients, why, reporter)`` when
-    another client reports failed clients.
-    """
+  def watch(self, handler: object | None) -> None:
+    """Routes events to `handler` (None ignores them); starts watching."""
     with self._lock:
-      self._on_death, self._on_report = on_death, on_report
+      self._handler = handler
       if self._thread is None:
         self._thread = threading.Thread(target=self._watch, daemon=True,
                                         name="jdtensor-liveness")
         self._thread.start()
 
-  def _death(self, client: int, how: str) -> None:
-    handler = self._on_death
-    if handler is not None:
-      handler(client, how)
-
-  def _report(self, failed: list[int], why: str, reporter: int) -> None:
-    handler = self._on_report
-    if handler is not None:
-      handler(failed, why, reporter)
+  def _emit(self, event: str, *args: object) -> None:
+    method = getattr(self._handler, event, None)
+    if method is not None:
+      method(*args)
 
   def _watch(self) -> None:
-    on_death, on_report = self._death, self._report
     buffers = {client: b"" for client in self._sockets}
     while self._sockets and not self._closing:
       by_socket = {s: c for c, s in self._sockets.items()}
@@ -419,9 +440,10 @@ class Links:
           chunk = b""
         if not chunk:
           self._drop(client)
-          if not self._closing:
-            on_death(client, "its process ended without saying goodbye"
-                     if client != 0 else "the coordinator's process ended")
+          if not self._closing and client not in self._said_bye:
+            self._emit("peer_died", client,
+                       "its process ended without saying goodbye"
+                       if client != 0 else "the coordinator's process ended")
           continue
         buffers[client] += chunk
         while b"\n" in buffers[client]:
@@ -430,15 +452,29 @@ class Links:
             message = json.loads(line)
           except ValueError:
             continue
-          if message.get("bye"):
-            self._drop(client)
-          elif "failed" in message and not self._closing:
-            failed = [int(c) for c in message["failed"]]
-            reporter = int(message.get("by", client))
-            if self.client_id == 0:  # Relay to everyone else.
-              self._send(message, skip={client, *failed})
-            if self.client_id not in failed:
-              on_report(failed, str(message.get("why", "")), reporter)
+          if isinstance(message, dict):
+            self._dispatch(client, message)
+
+  def _dispatch(self, client: int, message: dict[str, object]) -> None:
+    if message.get("bye"):  # Its end of stream is now a normal exit.
+      self._said_bye.add(client)
+      return
+    if self._closing:
+      return
+    if self.client_id == 0:  # The hub: relay to everyone else.
+      self._send(message, skip={client})
+    try:
+      if "failed" in message:
+        self._emit("peer_reported", [int(c) for c in message["failed"]],  # type: ignore[union-attr]
+                   str(message.get("why", "")), int(message.get("by", client)))  # type: ignore[arg-type]
+      elif "left" in message:
+        self._emit("peer_left", int(message["left"]), int(message.get("code", 0)),  # type: ignore[arg-type]
+                   str(message.get("why", "")), bool(message.get("failure")))
+      elif "notice" in message:
+        self._emit("peer_notice", int(message.get("by", client)),  # type: ignore[arg-type]
+                   str(message["notice"]))
+    except (TypeError, ValueError):
+      pass  # A malformed message from a peer is ignored.
 
   def _drop(self, client: int) -> None:
     with self._lock:
@@ -454,20 +490,45 @@ class Links:
       _reply(sock, message)
 
   def report(self, clients: Sequence[int], why: str) -> None:
-    """Tells the others which clients failed and why, before this process stops.
+    """Tells every other client which clients failed and why.
 
     Sent before this process's connections close, so every client learns the
-    culprit rather than blaming this process's exit. Not sent to the culprits.
+    culprit rather than blaming this process's exit; the culprits hear it
+    too, so that a client that was frozen names itself when it wakes.
     """
-    failed = [int(c) for c in clients]
-    self._send({"failed": failed, "why": why, "by": self.client_id},
-               skip=set(failed))
+    self._send({"failed": [int(c) for c in clients], "why": why,
+                "by": self.client_id})
+
+  def announce_departure(self, code: int, why: str, failure: bool) -> None:
+    """Tells every other client that this one is leaving, and why."""
+    self._send({"left": self.client_id, "code": int(code), "why": why,
+                "failure": bool(failure)})
+
+  def notice(self, text: str) -> None:
+    """Tells every other client something worth logging."""
+    self._send({"notice": text, "by": self.client_id})
+
+  def wait_peers_gone(self, timeout: float, ignore: Sequence[int] = ()) -> None:
+    """Waits up to `timeout` s until every linked process (but `ignore`) ended.
+
+    Safe from any thread, the watching one included: it reads each
+    connection's TCP state (the peer's end closes when its process ends),
+    not its stream, so no message is consumed or needed.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      with self._lock:
+        sockets = [s for c, s in self._sockets.items() if c not in ignore]
+      if not any(_peer_open(sock) for sock in sockets):
+        return
+      time.sleep(0.02)
 
   def goodbye(self) -> None:
-    """Tells the others this process is exiting normally, and closes."""
+    """Tells the others this process is exiting normally.
+
+    The connections stay open until the process ends, so that client 0,
+    which hosts the coordination services, can wait for every other
+    process to be really gone before it exits.
+    """
     self._closing = True
     self._send({"bye": True})
-    with self._lock:
-      sockets, self._sockets = list(self._sockets.values()), {}
-    for sock in sockets:
-      sock.close()

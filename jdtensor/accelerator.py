@@ -146,14 +146,16 @@ def is_initialized() -> bool:
 
 
 def _initialize(**kwargs) -> str:
-  """runtime.initialize, then the heartbeat in multi-client runs."""
+  """runtime.initialize, then the exit guard and the heartbeat (multi-client)."""
   # Read the heartbeat settings first: a bad value must fail before the
-  # cluster forms, not after.
-  period, policy = heartbeat.read_period(), heartbeat.read_policy()
-  device_type = runtime.initialize(**kwargs)
+  # cluster forms, not after; every client must have the same.
+  settings = _env.read_heartbeat_settings()
+  device_type = runtime.initialize(agreed=settings.handshake(), **kwargs)
   env = runtime.state().env
-  if runtime.state().multi_client and env is not None and env.heartbeat_enabled:
-    heartbeat.start(period, policy)
+  if runtime.state().multi_client and env is not None:
+    heartbeat.install_exit_guard()
+    if env.heartbeat_enabled:
+      heartbeat.start(settings.period, settings.policy)
   return device_type
 
 

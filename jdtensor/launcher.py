@@ -11,19 +11,28 @@ prefixed with its client (``[client 2] ...``); gloo's harmless
 
 When a client exits non-zero or is killed, the others get SIGTERM, then
 SIGKILL after a grace period, and the launcher exits non-zero with one summary
-line naming the first failure. SIGINT/SIGTERM to the launcher stop every
-client the same way. Clients run in their own process groups and die with the
-launcher (``PR_SET_PDEATHSIG``), so no process is left behind.
+line naming the root cause: the first client that failed by itself (by exit
+time), never a client the heartbeat stopped because of another (exit code
+75); when only such consequences failed, the client they name (each writes
+whom it blames into ``JDTENSOR_REPORT_DIR``), e.g. a stuck or stalled client,
+or one that ended its script while the others still waited for it.
+SIGINT/SIGTERM to the launcher stop every client the same way; SIGUSR1 makes
+every client print its threads' stacks. Clients run in their own process
+groups and die with the launcher (``PR_SET_PDEATHSIG``), so no process is
+left behind.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -102,15 +111,19 @@ class LaunchResult:
   Attributes:
     returncodes: Each client's return code (negative: killed by that signal).
     pids: Each client's process id.
-    first_failure: The earliest failing client, or None.
+    first_failure: The root cause: the earliest client that failed by itself,
+      or the one the others named; None when every client exited 0.
     reason: The summary line, or '' when every client exited 0.
     exit_code: What the launcher exits with.
+    ended_at: When the launcher saw each client end (``time.time()``), or
+      None for one still running.
   """
   returncodes: list[int | None] = field(default_factory=list)
   pids: list[int] = field(default_factory=list)
   first_failure: int | None = None
   reason: str = ""
   exit_code: int = 0
+  ended_at: list[float | None] = field(default_factory=list)
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -144,11 +157,14 @@ def worker_env(spec: LaunchSpec, client: int, ports: Sequence[int],
 
 # Runs as the client process itself before exec'ing the command: it asks the
 # kernel to SIGKILL it when the launcher dies (PR_SET_PDEATHSIG survives exec),
-# exits if the launcher is already gone, then becomes the command. Doing this
+# exits if the launcher is already gone, ignores SIGUSR1 (the launcher
+# forwards it; a jdtensor client installs a stack dump for it, any other
+# program must not die of it), then becomes the command. Doing this
 # in a wrapper instead of Popen(preexec_fn=...) keeps Python code out of the
 # fork, which is unsafe in a multithreaded (e.g. JAX) parent.
 _DIE_WITH_PARENT = (
-    "import ctypes, os, sys\n"
+    "import ctypes, os, signal, sys\n"
+    "signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # Only jdtensor clients dump.\n"
     "try:\n"
     "  ctypes.CDLL(None, use_errno=True).prctl(1, 9)\n"
     "except (OSError, AttributeError):\n"
@@ -177,6 +193,11 @@ def _describe(code: int) -> str:
   return f"exited with code {code}"
 
 
+def _plain(why: str) -> str:
+  """A client's report as the launcher's summary says it."""
+  return re.sub(r" \(reported by client \d+\)$", "", why.removeprefix("heartbeat: "))
+
+
 class _Supervisor:
   """Starts, watches and stops the clients."""
 
@@ -184,6 +205,9 @@ class _Supervisor:
                base_env: Mapping[str, str]):
     self.spec = spec
     self.base_env = base_env
+    self.report_dir = tempfile.mkdtemp(prefix="jdtensor-launch-")
+    self.exit_times: dict[int, float] = {}  # Monotonic.
+    self.exit_wall: dict[int, float] = {}
     self.out, self.err = out, err
     self.procs: list[subprocess.Popen[bytes]] = []
     self.readers: list[threading.Thread] = []
@@ -206,8 +230,10 @@ class _Supervisor:
     ports = (list(range(spec.port, spec.port + spec.num_clients))
              if spec.port is not None else free_ports(spec.num_clients))
     for client in range(spec.num_clients):
+      env = worker_env(spec, client, ports, self.base_env)
+      env[_env.JDTENSOR_REPORT_DIR] = self.report_dir
       self.procs.append(subprocess.Popen(
-          _wrapped(spec.command), env=worker_env(spec, client, ports, self.base_env),
+          _wrapped(spec.command), env=env,
           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
           start_new_session=True))
     for client, proc in enumerate(self.procs):
@@ -245,12 +271,84 @@ class _Supervisor:
         pass
     return running
 
+  def _poll(self) -> list[int | None]:
+    codes = [p.poll() for p in self.procs]
+    now = time.monotonic()
+    for i, code in enumerate(codes):
+      if code is not None and i not in self.exit_times:
+        self.exit_times[i] = now
+        self.exit_wall[i] = time.time()
+    return codes
+
+  def reports(self) -> dict[int, tuple[list[int], str]]:
+    """What each client that stopped because of others wrote: client ->
+    (whom it blames, why)."""
+    out = {}
+    for name in os.listdir(self.report_dir):
+      if not (name.startswith("client-") and name.endswith(".json")):
+        continue
+      try:
+        with open(os.path.join(self.report_dir, name)) as f:
+          data = json.load(f)
+        out[int(data["client"])] = ([int(c) for c in data["culprits"]],
+                                    str(data["why"]))
+      except (OSError, ValueError, KeyError, TypeError):
+        continue
+    return out
+
+  def _settle(self, codes: list[int | None]) -> list[int | None]:
+    """After only consequences (75) failed: wait briefly for the root cause
+    to end by itself, with its own code, before stopping everyone."""
+    deadline = time.monotonic() + min(self.spec.grace, 3.0)
+    while time.monotonic() < deadline:
+      if any(c not in (None, 0, PEER_FAILURE_EXIT_CODE) for c in codes):
+        break
+      if all(c is not None for c in codes):
+        break
+      time.sleep(_POLL_SECONDS)
+      codes = self._poll()
+    return codes
+
+  def _root_cause(self, codes: list[int | None]) -> tuple[int, str, int]:
+    """(client, what it did, launcher exit code)."""
+    failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+    own = sorted((f for f in failed if f[1] != PEER_FAILURE_EXIT_CODE),
+                 key=lambda f: (self.exit_times.get(f[0], 0.0), f[0]))
+    reports = self.reports()
+    if own:
+      client, code = own[0]
+      what = f"client {client} {_describe(code)}"
+      culprits, why = reports.get(client, ([], ""))
+      if culprits == [client]:  # It found itself the cause, and said why.
+        what += ": " + _plain(why)
+      return client, what, code if code > 0 else 128 - code
+    named: dict[int, list[int]] = {}
+    for reporter, (culprits, _) in sorted(reports.items()):
+      for c in culprits:
+        named.setdefault(c, []).append(reporter)
+    if named:
+      client = max(named, key=lambda c: (len(named[c]), -min(named[c])))
+      why = _plain(reports[named[client][0]][1])
+      if not why.startswith(f"client {client}"):
+        why = f"client {client}: {why}"
+      others = [r for r in named[client] if r != client]
+      if others:
+        why += (f" (named by client{'s' if len(others) > 1 else ''} "
+                f"{', '.join(map(str, others))})")
+      code = codes[client]
+      return client, why, (code if code and code > 0 else
+                           128 - code if code and code < 0 else 1)
+    client, ended = min(failed, key=lambda f: (self.exit_times.get(f[0], 0.0), f[0]))
+    code = int(ended)  # type: ignore[arg-type]  # Only clients that ended.
+    return client, f"client {client} {_describe(code)}", (
+        code if code > 0 else 128 - code)
+
   def run(self) -> LaunchResult:
     result = LaunchResult()
     deadline = (time.monotonic() + self.spec.timeout
                 if self.spec.timeout is not None else None)
     while True:
-      codes = [p.poll() for p in self.procs]
+      codes = self._poll()
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
       if self.stop_signal is not None:
         stopped = self.stop_all()
@@ -260,18 +358,22 @@ class _Supervisor:
         result.exit_code = 128 + self.stop_signal
         break
       if failed:
-        # Root cause first: a client the heartbeat stopped because a peer
-        # failed (PEER_FAILURE_EXIT_CODE) is a consequence, not a cause.
-        failed.sort(key=lambda f: (f[1] == PEER_FAILURE_EXIT_CODE, f[0]))
-        client, code = failed[0]
+        if all(c == PEER_FAILURE_EXIT_CODE for _, c in failed):
+          codes = self._settle(codes)
+        client, what, exit_code = self._root_cause(codes)
         stopped = self.stop_all()
+        codes = self._poll()
         result.first_failure = client
-        result.reason = (f"jdtensor launch: client {client} {_describe(code)}; "
-                         f"stopped clients {', '.join(map(str, stopped)) or 'none'}")
-        also = [f"client {c} {_describe(k)}" for c, k in failed[1:]]
+        result.reason = (f"jdtensor launch: {what}; stopped clients "
+                         f"{', '.join(map(str, stopped)) or 'none'}")
+        also = [f"client {c} {_describe(k)}"
+                for c, k in sorted(((i, k) for i, k in enumerate(codes)
+                                    if k not in (None, 0) and i != client
+                                    and i not in stopped),
+                                   key=lambda f: self.exit_times.get(f[0], 0.0))]
         if also:
           result.reason += f" (also: {', '.join(also)})"
-        result.exit_code = code if code > 0 else 128 - code
+        result.exit_code = exit_code
         break
       if all(c == 0 for c in codes):
         break
@@ -284,9 +386,15 @@ class _Supervisor:
       time.sleep(_POLL_SECONDS)
     for t in self.readers:
       t.join(timeout=5)
+    self._poll()
     result.returncodes = [p.poll() for p in self.procs]
     result.pids = [p.pid for p in self.procs]
+    result.ended_at = [self.exit_wall.get(i) for i in range(len(self.procs))]
     return result
+
+  def dump_stacks(self) -> None:
+    """Forwards SIGUSR1: every jdtensor client prints its threads' stacks."""
+    self._signal_all(signal.SIGUSR1)
 
 
 def launch(spec: LaunchSpec, out: IO[str] | None = None,
@@ -315,6 +423,8 @@ def launch(spec: LaunchSpec, out: IO[str] | None = None,
       sup.stop_signal = signum
     for sig in (signal.SIGINT, signal.SIGTERM):
       previous[sig] = signal.signal(sig, on_signal)
+    previous[signal.SIGUSR1] = signal.signal(
+        signal.SIGUSR1, lambda signum, frame: sup.dump_stacks())
   try:
     try:
       sup.start()
@@ -327,6 +437,7 @@ def launch(spec: LaunchSpec, out: IO[str] | None = None,
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
+    shutil.rmtree(sup.report_dir, ignore_errors=True)
   if result.reason:
     with sup.write_lock:
       err.write(result.reason + "\n")

@@ -239,11 +239,14 @@ def initialize(device_type: str | None = None,
                shutdown_timeout: float | None = None,
                coordinator_bind_address: str | None = None,
                megacore: bool = False,
-               cluster_detection: str | None = None) -> str:
+               cluster_detection: str | None = None,
+               agreed: Mapping[str, object] | None = None) -> str:
   """Sets up the runtime; see `jdtensor.initialize_accelerator_system`.
 
   Args:
     cluster: The cluster to join; defaults to the DTENSOR_* variables.
+    agreed: Settings every client must share (by variable name), checked
+      at the start-up handshake with the time-outs.
     (others): See `jdtensor.initialize_accelerator_system`.
   """
   from jdtensor import config  # pylint: disable=g-import-not-at-top
@@ -298,7 +301,7 @@ def initialize(device_type: str | None = None,
     multi_client = env.num_clients > 1
     if multi_client:
       _start_distributed(env, device_type, num_logical_cpu_devices, timeouts,
-                         coordinator_bind_address)
+                         coordinator_bind_address, agreed or {})
     else:
       _set_cpu_device_count(num_logical_cpu_devices, experimental_reset_context)
     if not client_devices(device_type, process_index()):
@@ -436,6 +439,14 @@ def _bind_collectives_to_job_address(host: str | None, client_id: int) -> None:
                client_id)
 
 
+class _StartupWatch:
+  """Liveness-link events during start-up: a peer's death stops this client."""
+
+  @staticmethod
+  def peer_died(client: int, how: str) -> None:
+    _died_during_startup(client, how)
+
+
 def _died_during_startup(client: int, how: str) -> None:
   sys.stderr.write(
       f"StartupError: client {client}'s process ended during start-up ({how}) "
@@ -447,7 +458,8 @@ def _died_during_startup(client: int, how: str) -> None:
 
 def _start_distributed(env: _env.ClusterEnv, device_type: str,
                        cpu_devices: int | None, timeouts: _env.Timeouts,
-                       bind_override: str | None) -> None:
+                       bind_override: str | None,
+                       agreed: Mapping[str, object]) -> None:
   """Rendezvous, then ``jax.distributed.initialize``, then cross-checks."""
   from jdtensor import config  # pylint: disable=g-import-not-at-top
   if backend_initialized():
@@ -466,9 +478,12 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
     local = config.num_local_devices(device_type)
   logging.info("jdtensor client %d of %d: meeting the coordinator at %s",
                env.client_id, env.num_clients, coordinator)
+  settings = {**agreed, _env.JDTENSOR_INIT_TIMEOUT: timeouts.init,
+              _env.JDTENSOR_HEARTBEAT_TIMEOUT: timeouts.heartbeat,
+              _env.JDTENSOR_SHUTDOWN_TIMEOUT: timeouts.shutdown}
   meeting = _rendezvous.rendezvous(
       _rendezvous.Hello(env.client_id, env.num_clients, env.jobs, local,
-                        env.heartbeat_enabled),
+                        env.heartbeat_enabled, tuple(sorted(settings.items()))),
       coordinator, bind, timeouts.init)
   _state.links = meeting.links
   _state.heartbeat_port = meeting.heartbeat_port
@@ -477,7 +492,7 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
   # Until initialisation ends, a client that dies leaves the others in JAX's
   # C++ connect (which aborts at its time-out) or in the TPU core-id merge:
   # stop cleanly. `initialize` hands the links on when it is done.
-  _state.links.watch(_died_during_startup)
+  _state.links.watch(_StartupWatch())
   _set_cpu_device_count(cpu_devices, False)
   import jax  # pylint: disable=g-import-not-at-top
   if env.client_id != 0:

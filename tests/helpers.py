@@ -251,3 +251,23 @@ def sigterm_launcher(proc: subprocess.Popen, pids: list[int]
     if proc.poll() is None:
       os.killpg(proc.pid, signal.SIGKILL)
       proc.communicate(timeout=10)
+
+
+def launch_clients(command: list[str], n: int, devices: int = 1,
+                   timeout: float = 120, grace: float = 3, **env: str):
+  """Runs `command` on n clients through the launcher, in this process.
+
+  Returns:
+    (LaunchResult, the clients' tagged stdout, their tagged stderr plus the
+    launcher's summary line, monotonic time the launcher returned).
+  """
+  import io  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+
+  from jdtensor import launcher  # pylint: disable=g-import-not-at-top
+  out, err = io.StringIO(), io.StringIO()
+  res = launcher.launch(launcher.LaunchSpec(
+      command=tuple(command), num_clients=n, devices_per_client=devices,
+      timeout=timeout, grace=grace), out=out, err=err,
+      env=clean_env(**{**TEST_TIMEOUTS, **env}))
+  return res, out.getvalue(), err.getvalue(), time.monotonic()

@@ -128,7 +128,18 @@ ENV_CASES = [
      "ConfigError: JDTENSOR_INIT_TIMEOUT='-5' must be a finite number of seconds "
      "greater than 0."),
     ("heartbeat-period", {"JDTENSOR_HEARTBEAT_PERIOD": "0"},
-     "ConfigError: JDTENSOR_HEARTBEAT_PERIOD='0' must be a finite number"),
+     "ConfigError: JDTENSOR_HEARTBEAT_PERIOD='0' must be a number of seconds from "
+     "0.01 to 3600."),
+    ("heartbeat-period-huge", {"JDTENSOR_HEARTBEAT_PERIOD": "1e300"},
+     "ConfigError: JDTENSOR_HEARTBEAT_PERIOD='1e300' must be a number of seconds "
+     "from 0.01 to 3600."),
+    ("stuck-timeout-short", {"JDTENSOR_HEARTBEAT_PERIOD": "2",
+                             "JDTENSOR_STUCK_TIMEOUT": "1"},
+     "ConfigError: JDTENSOR_STUCK_TIMEOUT='1' must be at least twice the heartbeat "
+     "period (2 s): a beat may take a period to start."),
+    ("stall-timeout", {"JDTENSOR_STALL_TIMEOUT": "-1"},
+     "ConfigError: JDTENSOR_STALL_TIMEOUT='-1' must be 0 (off) or a number of "
+     "seconds from 1 to 604800."),
     ("heartbeat-policy", {"JDTENSOR_HEARTBEAT_POLICY": "abort"},
      "ConfigError: JDTENSOR_HEARTBEAT_POLICY='abort' is not one of terminate, "
      "raise, log."),
@@ -249,7 +260,10 @@ def test_sigterm_to_launcher_mid_run():
 ], ids=["double-initialize", "shutdown-multi-client"])
 def test_wrong_order_calls(scenario, message):
   js = jobs(2)
-  procs = start_clients(scenario, [cluster_env(js, c) for c in (0, 1)])
+  # Both clients make the same mistake at the same moment; without a heartbeat
+  # neither is stopped as the other's consequence before it prints its error.
+  procs = start_clients(scenario, [cluster_env(js, c, DTENSOR_ENABLE_HEARTBEAT="false")
+                                   for c in (0, 1)])
   results = finish(procs, timeout=60)
   for res in results:
     assert res.returncode == 1 and message in res.stdout, res.stdout + res.stderr

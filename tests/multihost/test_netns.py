@@ -126,7 +126,10 @@ def test_two_hosts_two_clients_each(hosts):
 
 
 def test_dead_host_survivors_exit_with_a_clear_message(hosts):
-  envs, prefixes = _cluster(hosts, 2, JDTENSOR_HEARTBEAT_PERIOD="1")
+  # A cut host sends no FIN: it is "stuck" (alive for all we know), named
+  # after the stuck time-out.
+  envs, prefixes = _cluster(hosts, 2, JDTENSOR_HEARTBEAT_PERIOD="1",
+                            JDTENSOR_STUCK_TIMEOUT="3")
   live = LiveClients("heartbeat_victim", envs, prefixes)
   try:
     assert live.wait_for("RESULT ready", [0, 1, 2, 3], timeout=120), live.err
@@ -136,7 +139,8 @@ def test_dead_host_survivors_exit_with_a_clear_message(hosts):
     ended = live.wait_exit(start, timeout=45)
   finally:
     live.close()
-  bound = 1 + heartbeat.deadline_for(1) + 3  # A beat, its deadline, the report.
+  # A beat, the stuck time-out (checked each second), the roll call, the report.
+  bound = 1 + 3 + 1 + heartbeat.ROLL_CALL_GRACE + 3
   for c in (0, 1):
     assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
     assert ended[c] < bound, ended

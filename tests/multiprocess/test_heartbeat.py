@@ -57,18 +57,6 @@ def test_sigkilled_client_every_survivor_exits_within_5s(victim):
     assert "RESULT survived" not in live.out[c]
 
 
-def test_stuck_client_sigstop_is_named_within_period_plus_deadline():
-  js = jobs(3)
-  envs = [cluster_env(js, c, JDTENSOR_HEARTBEAT_PERIOD="1") for c in range(3)]
-  # SIGSTOP: alive, but frozen. It never exits; the survivors must.
-  live, ended = kill_when_ready("heartbeat_victim", envs, 1, sig=signal.SIGSTOP,
-                                exit_timeout=15)
-  for c in (0, 2):
-    assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
-    assert "heartbeat: client 1 missed beat " in live.err[c], live.err[c]
-    assert ended[c] < 1 + heartbeat.deadline_for(1) + 1.5, ended
-
-
 def test_launcher_reports_the_killed_client(monkeypatch):
   for k, v in TEST_TIMEOUTS.items():
     monkeypatch.setenv(k, v)
@@ -106,7 +94,12 @@ def test_out_of_sync_token_is_detected():
                         rf"{other}\))?; carrying on \(policy 'log'\)", message), message
   message, ids = out[1]["failure"]
   assert ids == [1]
-  assert message.startswith("heartbeat: this client (1) is out of sync: it sent token ")
+  # It finds itself out of sync, or first hears a survivor name it.
+  assert (message.startswith("heartbeat: this client (1) is out of sync: it sent "
+                             "token ") or
+          re.fullmatch(r"heartbeat: client 1 sent token \d+ instead of \d+ in beat "
+                       r"\d+ \(restarted or out of sync\) \(reported by client "
+                       r"[02]\); carrying on \(policy 'log'\)", message)), message
 
 
 def test_policy_raise_surfaces_at_the_next_jdtensor_call():

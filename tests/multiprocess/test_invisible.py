@@ -4,7 +4,6 @@ Real clusters through `jdtensor launch`, with the heartbeat beating every
 20 ms on its private runtime beside standard JAX collectives.
 """
 
-import io
 import os
 import re
 import signal
@@ -13,9 +12,9 @@ import time
 
 import pytest
 
-from jdtensor import heartbeat, launcher
-from tests.helpers import (REPO, TEST_TIMEOUTS, LiveClients, clean_env,
-                           cluster_env, free_port, parse_results)
+from jdtensor import heartbeat
+from tests.helpers import (REPO, LiveClients, cluster_env, free_port,
+                           launch_clients, parse_results)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -24,12 +23,9 @@ USER = os.path.join(REPO, "tests", "multiprocess", "jax_user_client.py")
 
 def launch(mode, n, devices, timeout=120, **env):
   """Runs jax_user_client.py MODE on n clients; (result, stdout, stderr)."""
-  out, err = io.StringIO(), io.StringIO()
-  res = launcher.launch(launcher.LaunchSpec(
-      command=(sys.executable, USER, mode), num_clients=n,
-      devices_per_client=devices, timeout=timeout, grace=3), out=out, err=err,
-      env=clean_env(**{**TEST_TIMEOUTS, **env}))
-  return res, out.getvalue(), err.getvalue()
+  res, out, err, _ = launch_clients([sys.executable, USER, mode], n, devices,
+                                    timeout=timeout, **env)
+  return res, out, err
 
 
 def test_standard_jax_view_is_exactly_raw_jax_distributed():

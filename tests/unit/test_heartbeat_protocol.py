@@ -1,9 +1,10 @@
 """Heartbeat protocol logic with an in-process exchange (threads as clients).
 
-The real psum over the reserved devices is tested in
-tests/multiprocess/test_heartbeat.py; here the exchange is a thread barrier
-that sums rows, so that stop agreement, token checks, deadlines and policies
-are tested fast and deterministically.
+The real all-reduce on the private runtime is tested in
+tests/multiprocess/; here the exchange is a thread barrier that sums rows, the
+roll call and the shared texts are dictionaries, and each client's main-thread
+recorder is scripted, so that stop agreement, token checks, deadlines,
+verdicts and policies are tested fast and deterministically.
 """
 
 import threading
@@ -12,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from jdtensor import heartbeat
+from jdtensor import _beat, _env, heartbeat
+from jdtensor._flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.errors import ConfigError
 
 
@@ -48,15 +50,16 @@ class SumExchange:
     return exchange
 
 
-class RollCall:
-  """The key-value roll call: who said "I am in beat N"."""
+class Store:
+  """The key-value store: roll calls and shared texts."""
 
   def __init__(self, ex):
     self.ex = ex
     self.present = {}
-    self.lock = threading.Lock()
+    self.texts = {}
+    self.lock = threading.Condition()
 
-  def for_client(self, c):
+  def roll_call_for(self, c):
     def roll_call(beat, grace):
       self.ex.freeze_if_stuck(c)  # A frozen process answers nothing.
       with self.lock:
@@ -68,29 +71,64 @@ class RollCall:
         return set(self.present[beat])
     return roll_call
 
+  def share(self, key, value):
+    with self.lock:
+      self.texts[key] = value
+      self.lock.notify_all()
 
-def make_cluster(n, period=0.02, policy="log", token_seed=None):
+  def fetch(self, key, timeout):
+    with self.lock:
+      self.lock.wait_for(lambda: key in self.texts, timeout)
+      return self.texts.get(key)
+
+
+class Recorder:
+  """A scripted main thread: `phase` and `seconds` are what the beat says."""
+
+  def __init__(self, where="train.py:10 step"):
+    self.phase, self.seconds, self.at_exit, self._where = RUNNING, 0.0, False, where
+
+  def sample(self):
+    if self.at_exit and self.phase != WAITING:
+      return AT_EXIT, self.seconds
+    return self.phase, self.seconds
+
+  def where(self):
+    return self._where
+
+
+def make_cluster(n, period=0.02, policy="log", stuck_timeout=3.0, **kwargs):
   ex = SumExchange(n)
-  calls = RollCall(ex)
+  store = Store(ex)
   exits = []
+  recorders = [Recorder(f"client{c}.py:{10 + c} work") for c in range(n)]
   hbs = [heartbeat.Heartbeat(
-      period, policy, ex.for_client(c), c, n, roll_call=calls.for_client(c),
-      terminate=exits.append) for c in range(n)]
+      period, policy, ex.for_client(c), c, n, stuck_timeout=stuck_timeout,
+      roll_call=store.roll_call_for(c), share=store.share, fetch=store.fetch,
+      recorder=recorders[c], terminate=exits.append, cpu_seconds=lambda: 0.0,
+      **kwargs) for c in range(n)]
   threads = [threading.Thread(target=h.first_exchange) for h in hbs]
   for t in threads:
     t.start()
   for t in threads:
     t.join(10)
-  return ex, hbs, exits
+  return ex, hbs, exits, recorders
+
+
+def wait_for(predicate, timeout=10.0):
+  deadline = time.monotonic() + timeout
+  while not predicate() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  return predicate()
 
 
 def test_first_exchange_spreads_client_0_token():
-  _, hbs, _ = make_cluster(3)
+  _, hbs, _, _ = make_cluster(3)
   assert len({h.token for h in hbs}) == 1 and all(h.failure is None for h in hbs)
 
 
 def test_agreed_stop_gives_equal_beat_counts():
-  _, hbs, _ = make_cluster(3)
+  _, hbs, _, _ = make_cluster(3)
   for h in hbs:
     h.start_threads()
   time.sleep(0.3)
@@ -100,8 +138,28 @@ def test_agreed_stop_gives_equal_beat_counts():
   assert all(h.failure is None for h in hbs)
 
 
+def test_every_client_at_exit_is_the_agreed_end_with_a_teardown():
+  ex = SumExchange(2)
+  closed = []
+  recorders = [Recorder(), Recorder()]
+  hbs = [heartbeat.Heartbeat(0.02, "terminate", ex.for_client(c), c, 2,
+                             recorder=recorders[c], cpu_seconds=lambda: 0.0,
+                             close_exchange=lambda t, c=c: closed.append(c) or True)
+         for c in range(2)]
+  for h in hbs:
+    h.start_threads()
+  time.sleep(0.2)
+  hbs[0].finish()  # Client 0's script ended: it beats "at exit"...
+  time.sleep(0.2)
+  assert not any(h.stopped.is_set() for h in hbs)  # ...and waits for client 1.
+  hbs[1].finish()
+  assert all(h.stopped.wait(5) for h in hbs)
+  assert sorted(closed) == [0, 1] and all(h.closed_cleanly for h in hbs)
+  assert len({h.beats for h in hbs}) == 1 and all(h.failure is None for h in hbs)
+
+
 def test_out_of_sync_token_majority_names_the_culprit():
-  _, hbs, _ = make_cluster(3)
+  _, hbs, _, _ = make_cluster(3)
   hbs[2].token ^= 0x1234
   for h in hbs:
     h.start_threads()
@@ -111,79 +169,160 @@ def test_out_of_sync_token_majority_names_the_culprit():
   assert str(hbs[2].failure).startswith("heartbeat: this client (2) is out of sync")
 
 
-def test_stuck_client_is_named_after_the_deadline_and_terminated():
-  ex, hbs, exits = make_cluster(2, period=0.05, policy="terminate")
+def test_stuck_client_is_named_after_the_stuck_timeout_and_terminated():
+  ex, hbs, exits, _ = make_cluster(2, period=0.05, policy="terminate")
   for h in hbs:
     h.start_threads()
   time.sleep(0.3)
   ex.stuck.add(1)  # Client 1 freezes (alive but stuck) before its next beat.
   start = time.monotonic()
-  while not exits and time.monotonic() - start < 10:
-    time.sleep(0.05)
+  assert wait_for(lambda: exits, 15)
   assert exits[0] == heartbeat.EXIT_CODE
-  # The 3 s deadline, then the roll call's grace, then the report.
-  assert 2.5 < time.monotonic() - start < 3 + heartbeat.ROLL_CALL_GRACE + 2
+  # The 3 s stuck time-out (checked each second), then the roll call's grace.
+  assert 2.5 < time.monotonic() - start < 3 + 1 + heartbeat.ROLL_CALL_GRACE + 1.5
   assert hbs[0].failure.client_ids == (1,)
   assert str(hbs[0].failure).startswith("heartbeat: client 1 missed beat ")
   assert str(hbs[0].failure).endswith("s ago); stopping this client")
 
 
-def test_peer_died_after_agreed_stop_is_not_a_failure():
-  _, hbs, _ = make_cluster(2)
+def test_a_slow_beat_within_the_stuck_timeout_is_left_alone():
+  """A 2 s GIL hold (here: a frozen client) below the 3 s stuck time-out."""
+  ex, hbs, exits, _ = make_cluster(2, period=0.05, policy="terminate")
   for h in hbs:
     h.start_threads()
+  time.sleep(0.2)
+  ex.stuck.add(1)
+  time.sleep(2.0)
+  ex.stuck.discard(1)
+  time.sleep(1.5)
+  assert not exits and all(h.failure is None for h in hbs)
   hbs[0].event.set()
   assert all(h.stopped.wait(5) for h in hbs)
-  hbs[0].peer_died(1, "its process ended without saying goodbye")
-  assert hbs[0].failure is None
 
 
-def test_configuration_checks():
-  assert heartbeat.deadline_for(0.1) == 3.0 and heartbeat.deadline_for(10) == 20.0
-  assert heartbeat.read_period({}) == heartbeat.DEFAULT_PERIOD
-  assert heartbeat.read_period({"JDTENSOR_HEARTBEAT_PERIOD": "0.5"}) == 0.5
-  with pytest.raises(ConfigError, match="^JDTENSOR_HEARTBEAT_PERIOD='0' must be"):
-    heartbeat.read_period({"JDTENSOR_HEARTBEAT_PERIOD": "0"})
-  assert heartbeat.read_policy({"JDTENSOR_HEARTBEAT_POLICY": " Raise "}) == "raise"
-  with pytest.raises(ConfigError) as e:
-    heartbeat.read_policy({"JDTENSOR_HEARTBEAT_POLICY": "abort"})
-  assert str(e.value) == ("JDTENSOR_HEARTBEAT_POLICY='abort' is not one of "
-                          "terminate, raise, log.")
-  with pytest.raises(ConfigError, match="period=-1 must be a finite number"):
-    heartbeat.Heartbeat(-1, "log", lambda r: r, 0, 2)
-  with pytest.raises(ConfigError, match="policy='loud' is not one of"):
-    heartbeat.Heartbeat(1, "loud", lambda r: r, 0, 2)
-  assert np.array_equal(heartbeat.Heartbeat(1, "log", lambda r: r, 0, 2)._row(
-      np.array([5, 5]), True), [5, 5, 1])
+def test_a_client_that_finds_itself_frozen_names_itself():
+  now = [100.0]
+  hb = heartbeat.Heartbeat(0.05, "terminate", lambda r: r, 1, 3, stuck_timeout=3,
+                           clock=lambda: now[0], terminate=lambda c: None)
+  hb.start_threads()
+  time.sleep(0.2)
+  now[0] += 10.0  # The process was stopped for 10 s (SIGSTOP, then SIGCONT).
+  assert wait_for(lambda: hb.failure is not None, 5)
+  assert str(hb.failure).startswith(
+      "heartbeat: this client (1) did not run for 9.")
+  assert "longer than the stuck time-out (3 s); the others count it as stuck" in (
+      str(hb.failure))
+  assert hb.failure.client_ids == (1,)
 
 
-def test_beat_stuck_after_every_client_started_it():
-  ex, hbs, exits = make_cluster(2, period=0.05, policy="raise")
-  hbs[1].start_threads = lambda: None  # Client 1 never beats again...
-  threading.Thread(target=hbs[1]._roll_call, args=(1, 5.0), daemon=True).start()
-  hbs[0].start_threads()  # ...although it answers beat 1's roll call.
-  assert hbs[0].stopped.wait(10)
-  assert str(hbs[0].failure).startswith("heartbeat: beat 1 did not complete within 3 s "
-                                        "although every client started it; raising ")
-  assert not exits
+def test_a_client_named_by_a_peer_is_the_root_cause():
+  codes, reported = [], []
+  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 1, 3,
+                           terminate=codes.append,
+                           report=lambda c, why: reported.append((c, why)))
+  hb.peer_reported([1], "heartbeat: client 1 missed beat 5 (last seen 3.2 s ago)", 0)
+  assert codes == [heartbeat.OWN_FAILURE_EXIT_CODE]  # Not 75: it is the cause.
+  assert str(hb.failure) == (
+      "heartbeat: client 1 missed beat 5 (last seen 3.2 s ago) (reported by "
+      "client 0); stopping this client")
+  assert reported == [([1], "heartbeat: client 1 missed beat 5 (last seen 3.2 s "
+                       "ago) (reported by client 0)")]
+
+
+def judge(n, states, period=1.0, stall=300.0, kill_all=False, me=0):
+  """The verdict client `me` reaches from one merged beat of (phase, s, busy)."""
+  shared = Store(SumExchange(n))
+  if me != 1:
+    shared.share("stall/0", "data.py:88 next_batch <- train.py:40 main")
+  hb = heartbeat.Heartbeat(period, "log", lambda r: r, me, n, stall_timeout=stall,
+                           stall_kill_all_waiting=kill_all, share=shared.share,
+                           fetch=shared.fetch,
+                           recorder=Recorder("data.py:88 next_batch <- train.py:40 main"))
+  phases, seconds, busy = (np.array(v) for v in zip(*states))
+  hb._judge(phases, seconds, busy)
+  return hb.failure
+
+
+def test_stall_names_the_client_that_never_joins_the_collective():
+  failure = judge(4, [(WAITING, 301, 1), (RUNNING, 301, 0), (WAITING, 305, 2),
+                      (WAITING, 302, 1)])
+  assert str(failure) == (
+      "heartbeat: client 1 stalled: main thread in data.py:88 next_batch <- "
+      "train.py:40 main for 301 s while clients 0, 2, 3 wait in a collective; "
+      "carrying on (policy 'log')")
+  assert failure.client_ids == (1,)
+
+
+def test_the_staller_names_itself_with_its_own_stack():
+  failure = judge(2, [(WAITING, 400, 1), (RUNNING, 301, 0)], me=1)
+  assert str(failure).startswith("heartbeat: client 1 stalled: main thread in "
+                                 "data.py:88 next_batch <- train.py:40 main for "
+                                 "301 s while client 0 waits in a collective")
+
+
+@pytest.mark.parametrize("states", [
+    # Not long enough yet.
+    [(WAITING, 299, 1), (RUNNING, 301, 0), (WAITING, 305, 1)],
+    [(WAITING, 301, 1), (RUNNING, 299, 0), (WAITING, 305, 1)],
+    # A waiter that computes (busy) is not blocked on the staller.
+    [(WAITING, 301, 90), (RUNNING, 301, 0), (WAITING, 305, 1)],
+    # Compiling or tracing is busy in JAX, never stalled.
+    [(WAITING, 301, 1), (IN_JAX, 301, 0), (WAITING, 305, 1)],
+    # Two clients outside the collective: it is not one staller.
+    [(WAITING, 301, 1), (RUNNING, 301, 0), (RUNNING, 305, 1)],
+], ids=["waiters-short", "runner-short", "waiter-busy", "compiling", "two-runners"])
+def test_no_stall_verdict_without_the_full_pattern(states):
+  assert judge(3, states) is None
+
+
+def test_stall_detection_can_be_switched_off():
+  assert judge(2, [(WAITING, 10**6, 1), (RUNNING, 10**6, 0)], stall=0) is None
+
+
+def test_every_client_waiting_logs_its_stack_and_fails_only_when_asked(caplog):
+  states = [(WAITING, 400, 1), (WAITING, 301, 0)]
+  assert judge(2, states) is None
+  failure = judge(2, states, kill_all=True)
+  assert str(failure).startswith(
+      "heartbeat: every client has waited in a collective for 300 s or more: a "
+      "long computation, or a deadlock (clients that issued different "
+      "collectives); this client (0): main thread in data.py:88 next_batch")
+  assert failure.client_ids == (0, 1)
+
+
+def test_a_client_at_exit_while_the_others_wait_left_early():
+  failure = judge(4, [(WAITING, 4, 1), (AT_EXIT, 3, 0), (WAITING, 4, 0),
+                      (WAITING, 5, 3)], period=1.0)
+  assert str(failure) == (
+      "heartbeat: client 1 exited (code 0) while the others were still running "
+      "(clients 0, 2, 3 wait in a collective); carrying on (policy 'log')")
+  assert failure.client_ids == (1,)
+
+
+@pytest.mark.parametrize("states", [
+    [(WAITING, 4, 1), (AT_EXIT, 2, 0)],  # At exit for less than the grace.
+    [(WAITING, 2, 1), (AT_EXIT, 4, 0)],  # Waiting for less than the grace.
+    [(WAITING, 9, 80), (AT_EXIT, 9, 0)],  # Computing the end of its program.
+    [(RUNNING, 9, 5), (AT_EXIT, 9, 0)],  # Still running its own code.
+], ids=["exit-short", "wait-short", "waiter-busy", "other-running"])
+def test_finishing_first_is_not_leaving_early(states):
+  assert judge(2, states, period=1.0) is None
 
 
 def test_an_exception_in_the_heartbeats_own_code_is_this_clients_failure():
-  ex, hbs, exits = make_cluster(2, period=0.02, policy="terminate")
+  ex, hbs, exits, _ = make_cluster(2, period=0.02, policy="terminate")
   announced = []
   hbs[1]._announce = lambda clients, why: announced.append((clients, why))
 
-  def broken_row(signal, stop, real=hbs[1]._row):
+  def broken_row(*args, real=hbs[1].layout.row):
     if hbs[1].beats == 3:
       raise TypeError("a bug in the record code")
-    return real(signal, stop)
-  hbs[1]._row = broken_row
+    return real(*args)
+  hbs[1].layout.row = broken_row
   hbs[1].start_threads()
   hbs[0]._terminate = lambda code: None  # Client 0 waits; only 1 is checked.
   hbs[0].start_threads()
-  deadline = time.monotonic() + 10
-  while not exits and time.monotonic() < deadline:
-    time.sleep(0.02)
+  assert wait_for(lambda: exits)
   assert exits == [heartbeat.OWN_FAILURE_EXIT_CODE]  # A root cause, not 75.
   message = str(hbs[1].failure)
   assert hbs[1].failure.client_ids == (1,)
@@ -192,7 +331,9 @@ def test_an_exception_in_the_heartbeats_own_code_is_this_clients_failure():
                             "Traceback (most recent call last):\n")
   assert message.endswith("TypeError: a bug in the record code\n; stopping this client")
   assert "missed beat" not in message  # Never blamed on a peer.
-  assert announced and announced[0][0] == [1]
+  # The others hear it in their own words, without the traceback.
+  assert announced == [([1], "heartbeat: client 1's heartbeat failed in its own "
+                        "code: TypeError: a bug in the record code")]
   hbs[0].event.set()
 
 
@@ -225,15 +366,121 @@ def test_links_only_heartbeat_stops_and_names_a_dead_client():
   assert quiet.stop(timeout=1) and quiet.failure is None and quiet.beats == 0
 
 
-def test_agreed_stop_runs_the_collective_teardown_on_every_client():
-  ex = SumExchange(2)
-  closed = []
-  hbs = [heartbeat.Heartbeat(0.02, "log", ex.for_client(c), c, 2,
-                             close_exchange=lambda t, c=c: closed.append(c) or True)
-         for c in range(2)]
+@pytest.mark.parametrize("why,expected", [
+    ("failed: ZeroDivisionError: division by zero (train.py:3 in step)",
+     "heartbeat: client 1 failed: ZeroDivisionError: division by zero (train.py:3 "
+     "in step); stopping this client"),
+    ("exited (code 3)",
+     "heartbeat: client 1 exited (code 3) while the others were still running; "
+     "stopping this client"),
+])
+def test_a_departure_with_a_failure_stops_the_others_at_once(why, expected):
+  codes = []
+  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=codes.append)
+  hb.peer_left(1, 1, why, True)
+  assert str(hb.failure) == expected and codes == [heartbeat.EXIT_CODE]
+
+
+def test_a_finished_client_only_logs_what_happens_to_the_others():
+  codes = []
+  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=codes.append)
+  hb.peer_left(2, 0, "exited (code 0)", False)  # A normal end: nothing to do.
+  assert hb.failure is None and 2 in hb.departed
+  hb.finish()
+  hb.peer_left(1, 3, "exited (code 3)", True)
+  assert codes == []  # Never stopped with 75 after its own work is done.
+  assert str(hb.failure) == ("heartbeat: client 1 exited (code 3); this client "
+                             "had already finished")
+
+
+def test_a_client_leaving_with_a_failure_reacts_to_nothing():
+  codes = []
+  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=codes.append)
+  hb.abandon()
+  hb.peer_died(1, "its process ended without saying goodbye")
+  assert codes == [] and hb.failure is None
+
+
+def test_peer_died_after_agreed_stop_is_not_a_failure():
+  _, hbs, _, _ = make_cluster(2)
   for h in hbs:
     h.start_threads()
-  time.sleep(0.2)
   hbs[0].event.set()
   assert all(h.stopped.wait(5) for h in hbs)
-  assert sorted(closed) == [0, 1] and all(h.closed_cleanly for h in hbs)
+  hbs[0].peer_died(1, "its process ended without saying goodbye")
+  assert hbs[0].failure is None
+
+
+def test_beat_stuck_after_every_client_started_it():
+  ex, hbs, exits, _ = make_cluster(2, period=0.05, policy="raise")
+  hbs[1].start_threads = lambda: None  # Client 1 never beats again...
+  threading.Thread(target=hbs[1]._roll_call, args=(1, 6.0), daemon=True).start()
+  hbs[0].start_threads()  # ...although it answers beat 1's roll call.
+  assert hbs[0].stopped.wait(10)
+  assert str(hbs[0].failure).startswith("heartbeat: beat 1 did not complete within 3 s "
+                                        "although every client started it; raising ")
+  assert not exits
+
+
+def test_the_beat_layout_keeps_each_clients_slots_apart():
+  layout = _beat.BeatLayout(3)
+  rows = [layout.row(c, 77, c == 2, (RUNNING, WAITING, AT_EXIT)[c], 10 * c, c)
+          for c in range(3)]
+  merged = sum(rows)
+  assert layout.tokens(merged).tolist() == [77, 77, 77]
+  assert merged[layout.stop] == 1
+  phases, seconds, busy = layout.states(merged)
+  assert phases.tolist() == [RUNNING, WAITING, AT_EXIT]
+  assert seconds.tolist() == [0, 10, 20] and busy.tolist() == [0, 1, 2]
+  assert layout.width == 13
+
+
+def test_configuration_checks():
+  assert heartbeat.read_period({}) == heartbeat.DEFAULT_PERIOD
+  assert heartbeat.read_period({"JDTENSOR_HEARTBEAT_PERIOD": "0.5"}) == 0.5
+  with pytest.raises(ConfigError, match="^JDTENSOR_HEARTBEAT_PERIOD='0' must be"):
+    heartbeat.read_period({"JDTENSOR_HEARTBEAT_PERIOD": "0"})
+  assert heartbeat.read_policy({"JDTENSOR_HEARTBEAT_POLICY": " Raise "}) == "raise"
+  with pytest.raises(ConfigError) as e:
+    heartbeat.read_policy({"JDTENSOR_HEARTBEAT_POLICY": "abort"})
+  assert str(e.value) == ("JDTENSOR_HEARTBEAT_POLICY='abort' is not one of "
+                          "terminate, raise, log.")
+  with pytest.raises(ConfigError, match="period=-1 must be a finite number"):
+    heartbeat.Heartbeat(-1, "log", lambda r: r, 0, 2)
+  with pytest.raises(ConfigError, match="policy='loud' is not one of"):
+    heartbeat.Heartbeat(1, "loud", lambda r: r, 0, 2)
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"JDTENSOR_HEARTBEAT_PERIOD": "1e300"},
+     "JDTENSOR_HEARTBEAT_PERIOD='1e300' must be a number of seconds from 0.01 to 3600."),
+    ({"JDTENSOR_HEARTBEAT_PERIOD": "1e-6"},
+     "JDTENSOR_HEARTBEAT_PERIOD='1e-6' must be a number of seconds from 0.01 to 3600."),
+    ({"JDTENSOR_STUCK_TIMEOUT": "3"},
+     "JDTENSOR_STUCK_TIMEOUT='3' must be at least twice the heartbeat period (2 s): "
+     "a beat may take a period to start."),
+    ({"JDTENSOR_STUCK_TIMEOUT": "inf"},
+     "JDTENSOR_STUCK_TIMEOUT='inf' must be a number of seconds from 1 to 604800."),
+    ({"JDTENSOR_STALL_TIMEOUT": "nan"},
+     "JDTENSOR_STALL_TIMEOUT='nan' must be 0 (off) or a number of seconds from 1 "
+     "to 604800."),
+    ({"JDTENSOR_STALL_KILL_ALL_WAITING": "maybe"},
+     "JDTENSOR_STALL_KILL_ALL_WAITING='maybe' is not a boolean; use one of "
+     "true/false, 1/0 or yes/no (any case), or unset it for the default."),
+], ids=["period-huge", "period-tiny", "stuck-short", "stuck-inf", "stall-nan",
+        "kill-all-bool"])
+def test_heartbeat_settings_are_strict(env, message):
+  with pytest.raises(ConfigError) as e:
+    _env.read_heartbeat_settings(env)
+  assert str(e.value) == message
+
+
+def test_heartbeat_settings_defaults_and_agreement_keys():
+  s = _env.read_heartbeat_settings({"JDTENSOR_STALL_TIMEOUT": "0",
+                                    "JDTENSOR_HEARTBEAT_PERIOD": "40"})
+  assert (s.period, s.policy, s.stuck_timeout, s.stall_timeout) == (40, "terminate",
+                                                                   80, 0)
+  assert sorted(s.handshake()) == [
+      "JDTENSOR_HEARTBEAT_PERIOD", "JDTENSOR_HEARTBEAT_POLICY",
+      "JDTENSOR_STALL_KILL_ALL_WAITING", "JDTENSOR_STALL_TIMEOUT",
+      "JDTENSOR_STUCK_TIMEOUT"]

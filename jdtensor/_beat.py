@@ -1,0 +1,620 @@
+"""The heartbeat protocol: beats, the watchdog, the verdicts and the policies.
+
+No JAX and no sockets here: the all-reduce, the roll call, the main-thread
+recorder and every way out of the process are injected, so tests run several
+clients as threads. `jdtensor.heartbeat` wires it to the private runtime, the
+liveness links and the process.
+
+One beat is an all-reduce of an int32 vector in which each client fills only
+its own slots (`BeatLayout`): DTensor's token, a stop request, and what its
+main thread is doing (`jdtensor._flight`: phase, seconds in it, how busy the
+process was). Every client sees the same merged vector, so every client
+reaches the same verdict at the same beat:
+
+* **dead** (the process is gone): the liveness links, within milliseconds;
+* **stuck** (alive, but its heartbeat cannot run: SIGSTOP, swap, a GIL held
+  by C code): a beat not done within the stuck time-out; a roll call names
+  who did not join it. A client that finds it was itself frozen that long
+  names itself;
+* **stalled** (alive and beating, but its main thread never joins the
+  collective the others wait in): one client running its own code for the
+  stall time-out while every other client has waited, idle, in a collective
+  spanning every client for as long;
+* **left early** (its script ended while the others still wait for it in a
+  collective): a client at exit while another has waited, idle, for
+  `exit_grace` seconds;
+* **left with a failure** (an exception, a non-zero exit): announced by the
+  client itself as it leaves;
+* **out of sync** (a restarted client): a slot without the cluster's token.
+
+A client that is finished (at exit) only logs what happens to the others; one
+that is leaving with a failure no longer reacts at all.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from jdtensor import _logging as logging
+from jdtensor._flight import AT_EXIT, RUNNING, WAITING
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE, ConfigError, PeerFailureError
+
+__all__ = ["Heartbeat", "BeatLayout", "EXIT_CODE", "OWN_FAILURE_EXIT_CODE",
+           "POLICIES", "FIRST_EXCHANGE_ALLOWANCE", "ROLL_CALL_GRACE",
+           "IDLE_PERCENT", "exit_grace_for"]
+
+EXIT_CODE = PEER_FAILURE_EXIT_CODE
+# Exit code of a client that jdtensor found to be the root cause itself: its
+# own heartbeat failed, it stalled, or it was frozen (EX_SOFTWARE).
+OWN_FAILURE_EXIT_CODE = 70
+POLICIES = ("terminate", "raise", "log")
+# Seconds the first exchange may take beyond the stuck time-out: it starts
+# the private runtime (every client must connect) and compiles.
+FIRST_EXCHANGE_ALLOWANCE = 30.0
+# Seconds an overdue beat's roll call waits for the healthy clients to answer
+# (they are blocked in the same beat, and their deadlines expire together).
+ROLL_CALL_GRACE = 1.0
+# A client that waits in a collective counts as blocked only while its process
+# uses less than this share of one core (a process that computes the rest of
+# a program after the collective is busy, not blocked).
+IDLE_PERCENT = 25
+# Seconds the watchdog may be late before it concludes its process was frozen.
+_PAUSE_TOLERANCE = 2.0
+_TICK = 1.0
+# Seconds client 0, which hosts the coordination services, waits for the
+# other clients' processes to end before its own exit (their JAX clients
+# abort the moment the service is gone).
+_HOST_EXIT_WAIT = 5.0
+
+
+def exit_grace_for(period: float) -> float:
+  """Seconds a client at exit and a blocked waiter make a "left early"."""
+  return max(3.0, 2.0 * period)
+
+
+class BeatLayout:
+  """Where each value sits in the beat vector of `n` clients."""
+
+  def __init__(self, n: int):
+    self.n = n
+    self.stop = n
+    self.width = 4 * n + 1
+
+  def row(self, client: int, token: int, stop: bool, phase: int, seconds: float,
+          busy: int) -> np.ndarray:
+    row = np.zeros(self.width, np.int32)
+    n = self.n
+    row[client] = token
+    row[self.stop] = int(stop)
+    row[n + 1 + client] = phase
+    row[2 * n + 1 + client] = min(int(seconds), 2**31 - 1)
+    row[3 * n + 1 + client] = max(0, min(int(busy), 10**6))
+    return row
+
+  def tokens(self, merged: np.ndarray) -> np.ndarray:
+    return merged[:self.n]
+
+  def states(self, merged: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(phase, seconds in it, busy percent) per client."""
+    n = self.n
+    return merged[n + 1:2 * n + 1], merged[2 * n + 1:3 * n + 1], merged[3 * n + 1:]
+
+
+class _Idle:
+  """The recorder when none is given: running, or at exit once finished."""
+  at_exit = False
+
+  def sample(self) -> tuple[int, float]:
+    return (AT_EXIT if self.at_exit else RUNNING), 0.0
+
+  def where(self) -> str:
+    return "(not recorded)"
+
+
+def _names(clients: list[int]) -> str:
+  return (f"client{'s' if len(clients) > 1 else ''} "
+          f"{', '.join(map(str, clients))}")
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip().splitlines()
+  return text[0] if text else type(error).__name__
+
+
+class Heartbeat:
+  """One client's heartbeat: a beat thread and a watchdog thread.
+
+  Args:
+    period: Seconds between beats.
+    policy: terminate, raise or log.
+    exchange: Sums one row per client across clients (the all-reduce); None
+      runs on the liveness links alone (no beats).
+    client_id: This client's id.
+    num_clients: Number of clients.
+    stuck_timeout: Seconds a beat may take (default: 60, or two periods).
+    stall_timeout: Seconds for the stall verdict; 0 disables it.
+    stall_kill_all_waiting: Fail the run when every client waits that long.
+    roll_call: ``roll_call(beat, grace)`` says "this client is in `beat`"
+      where every client can see it, waits up to `grace` seconds for the
+      others, and returns who said so (None when unreachable). Only an
+      overdue beat calls it, so a beat costs no extra I/O.
+    recorder: The main-thread recorder (`jdtensor._flight`): ``sample()``,
+      ``where()`` and an ``at_exit`` flag.
+    share, fetch: Publish a text under a key for every client, and read one
+      (with a time-out); used to show a staller's stack everywhere.
+    terminate: Ends the process (policy terminate).
+    announce: Tells the other clients who failed and why.
+    wait_peers_gone: ``wait_peers_gone(seconds, failed)``: client 0 waits
+      for the other clients (but the failed ones) to end before it exits:
+      its process hosts the coordination services.
+    report: Tells the launcher whom this client blames (``JDTENSOR_REPORT_DIR``).
+    on_failure: Receives the failure under policy raise.
+    open_exchange: Run on the heartbeat thread before the first exchange.
+    close_exchange: Run after an agreed stop with a time-out (the teardown).
+    close_timeout: That time-out, seconds.
+    cpu_seconds: This process's CPU time (busy share of each beat).
+    clock: Monotonic seconds.
+  """
+
+  def __init__(self, period: float, policy: str,
+               exchange: Callable[[np.ndarray], np.ndarray] | None,
+               client_id: int, num_clients: int, *,
+               stuck_timeout: float | None = None,
+               stall_timeout: float = 0.0,
+               stall_kill_all_waiting: bool = False,
+               roll_call: Callable[[int, float], set[int] | None] | None = None,
+               recorder: Any = None,
+               share: Callable[[str, str], None] | None = None,
+               fetch: Callable[[str, float], str | None] | None = None,
+               terminate: Callable[[int], Any] = os._exit,
+               announce: Callable[[list[int], str], None] | None = None,
+               wait_peers_gone: Callable[[float, tuple[int, ...]], None] | None = None,
+               report: Callable[[list[int], str], None] | None = None,
+               on_failure: Callable[[PeerFailureError], None] | None = None,
+               open_exchange: Callable[[], None] | None = None,
+               close_exchange: Callable[[float], bool] | None = None,
+               close_timeout: float = 60.0,
+               cpu_seconds: Callable[[], float] = time.process_time,
+               clock: Callable[[], float] = time.monotonic):
+    if not (isinstance(period, (int, float)) and math.isfinite(period) and period > 0):
+      raise ConfigError(f"period={period!r} must be a finite number of seconds "
+                        "greater than 0.")
+    if policy not in POLICIES:
+      raise ConfigError(f"policy={policy!r} is not one of {', '.join(POLICIES)}.")
+    self.period = float(period)
+    self.policy = policy
+    self.stuck_timeout = (max(60.0, 2 * self.period) if stuck_timeout is None
+                          else float(stuck_timeout))
+    self.stall_timeout = float(stall_timeout)
+    self.stall_kill_all_waiting = stall_kill_all_waiting
+    self.exit_grace = exit_grace_for(self.period)
+    self.client_id, self.num_clients = client_id, num_clients
+    self.layout = BeatLayout(num_clients)
+    self._exchange = exchange
+    self._roll_call = roll_call or (lambda beat, grace: None)
+    self.recorder = recorder if recorder is not None else _Idle()
+    self._share = share or (lambda key, value: None)
+    self._fetch = fetch or (lambda key, timeout: None)
+    self._terminate = terminate
+    self._announce = announce or (lambda clients, why: None)
+    self._wait_peers_gone = wait_peers_gone or (lambda timeout, failed: None)
+    self._report = report or (lambda clients, why: None)
+    self._on_failure = on_failure or (lambda error: None)
+    self._open = open_exchange
+    self._close = close_exchange
+    self._close_timeout = close_timeout
+    self._cpu = cpu_seconds
+    self._clock = clock
+    self.event = threading.Event()  # Set by users to stop every client.
+    self.stopped = threading.Event()  # Set once the beat thread has ended.
+    self.ready = threading.Event()  # Set once the first exchange is done.
+    self.token = 0
+    self.beats = 0  # Completed beats after the first exchange.
+    self.beat_seconds = 0.0  # Total wall time spent inside beats.
+    self.failure: PeerFailureError | None = None
+    self.closed_cleanly: bool | None = None  # Result of the teardown.
+    self.exiting: str | None = None  # None, "finished" or "failed".
+    self.departed: dict[int, float] = {}  # Clients that ended normally.
+    self.cluster: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    self._all_waiting_logged = False
+    self._fail_lock = threading.Lock()
+    self._beat_started: float | None = None
+    self._beat_changed = threading.Condition()  # Wakes the watchdog.
+    self._last_beat = clock()  # Every client was alive then.
+    self._threads: list[threading.Thread] = []
+
+  # -- the beat thread ----------------------------------------------------------
+
+  def _timed_exchange(self, row: np.ndarray) -> np.ndarray | None:
+    """One beat; None (and the failure recorded) if the all-reduce failed.
+
+    Only an error of the all-reduce itself is a missed beat; an error in the
+    rest of this code is this client's own (see `_run`).
+    """
+    started = self._clock()
+    with self._beat_changed:
+      self._beat_started = started
+      self._beat_changed.notify_all()
+    try:
+      merged = self._exchange(row)  # type: ignore[misc]
+    except Exception as e:  # pylint: disable=broad-except
+      self._fail(*self._missed(self.beats + 1, self.stuck_timeout,
+                               f" (the beat failed: {_first_line(e)})"))
+      return None
+    with self._beat_changed:
+      self._last_beat = self._clock()
+      self._beat_started = None
+      self._beat_changed.notify_all()
+    self.beat_seconds += self._last_beat - started
+    return merged
+
+  def first_exchange(self) -> None:
+    """Starts the exchange and spreads client 0's token (DTensor's first
+    all-reduce), with a deadline. Run by the heartbeat thread first."""
+    n = self.num_clients
+    token = int(np.random.default_rng().integers(0, 2**16 - 1))
+    self._roll_call(0, 0.0)  # The start marker: "this client started".
+    row = self.layout.row(self.client_id, 0, False, RUNNING, 0, 0)
+    if self.client_id == 0:
+      row[:n] = token
+    logging.info("Initial heartbeat signal: %s", row[:n])
+    result: list[np.ndarray] = []
+    errors: list[BaseException] = []
+    open_errors: list[BaseException] = []
+
+    def run() -> None:
+      if self._open is not None:
+        try:
+          self._open()
+        except BaseException as e:  # pylint: disable=broad-except
+          open_errors.append(e)
+          return
+      try:
+        result.append(self._exchange(row))  # type: ignore[misc]
+      except BaseException as e:  # pylint: disable=broad-except
+        errors.append(e)
+    waited = self.stuck_timeout + FIRST_EXCHANGE_ALLOWANCE
+    thread = threading.Thread(target=run, daemon=True, name="jdtensor-hb-first")
+    thread.start()
+    thread.join(waited)
+    if open_errors:  # Starting our own end of the exchange failed.
+      self._own_failure(open_errors[0])
+      return
+    if not result:
+      detail = f" (it failed: {_first_line(errors[0])})" if errors else ""
+      self._fail(*self._missed(0, waited, detail))
+      return
+    merged = result[0][:n]
+    logging.info("Merged heartbeat signal %s", merged)
+    if self.client_id == 0 and not np.all(merged == token):
+      bad = [c for c in range(n) if merged[c] != token]
+      self._fail(f"heartbeat: Merged heartbeat signal has value != {token} "
+                 f"(clients {', '.join(map(str, bad))})", bad)
+    elif len(set(merged.tolist())) != 1:
+      self._fail("heartbeat: Merged heartbeat signal has unequal elements "
+                 f"{merged.tolist()}", list(range(n)))
+    self.token = int(merged[0])
+    self._last_beat = self._clock()
+    self.ready.set()
+
+  def _run(self) -> None:
+    """The heartbeat thread: the first exchange, beats, then the teardown."""
+    try:
+      if self._exchange is None:
+        self.ready.set()
+        self.event.wait()  # Links only: nothing to beat; wait for the stop.
+        return
+      if not self.ready.is_set() and self.failure is None:
+        self.first_exchange()
+      if self.failure is None:
+        self._loop()
+      if self.failure is None and self._close is not None:
+        self.closed_cleanly = self._close(self._close_timeout)
+    except BaseException as e:  # pylint: disable=broad-except
+      self._own_failure(e)
+    finally:
+      self.stopped.set()
+      with self._beat_changed:
+        self._beat_changed.notify_all()
+
+  def _loop(self) -> None:
+    logging.info("Starting a heartbeat thread")
+    wall, cpu = self._clock(), self._cpu()
+    while self.failure is None:
+      stop = self.event.wait(self.period)
+      phase, seconds = self.recorder.sample()
+      now, now_cpu = self._clock(), self._cpu()
+      busy = 100.0 * (now_cpu - cpu) / max(now - wall, 1e-3)
+      wall, cpu = now, now_cpu
+      merged = self._timed_exchange(self.layout.row(
+          self.client_id, self.token, stop, phase, seconds, int(busy)))
+      if merged is None:
+        break
+      self.beats += 1
+      logging.vlog(2, "Received heartbeat signal %s", merged)
+      tokens = self.layout.tokens(merged)
+      if np.any(tokens != self.token):
+        self._token_mismatch(tokens)
+        break
+      phases, secs, busy_all = self.cluster = self.layout.states(merged)
+      if merged[self.layout.stop] > 0 or np.all(phases == AT_EXIT):
+        logging.info("Exiting the heartbeat thread normally")
+        break
+      self._judge(phases, secs, busy_all)
+
+  # -- verdicts -----------------------------------------------------------------
+
+  def _judge(self, phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray
+             ) -> None:
+    """The same verdict on every client, from the same merged beat."""
+    n = self.num_clients
+    blocked = [c for c in range(n) if phases[c] == WAITING and busy[c] < IDLE_PERCENT]
+    gone = [c for c in range(n) if phases[c] == AT_EXIT
+            and seconds[c] >= self.exit_grace]
+    stuck_for_them = [c for c in blocked if seconds[c] >= self.exit_grace]
+    if gone and stuck_for_them:
+      self._fail(f"heartbeat: {_names(gone)} exited (code 0) while the others "
+                 f"were still running ({_names(stuck_for_them)} "
+                 f"{'wait' if len(stuck_for_them) > 1 else 'waits'} in a "
+                 "collective)", gone)
+      return
+    limit = self.stall_timeout
+    if limit <= 0:
+      return
+    running = [c for c in range(n) if phases[c] == RUNNING and seconds[c] >= limit]
+    long_wait = [c for c in blocked if seconds[c] >= limit]
+    if len(running) == 1 and len(long_wait) == n - 1:
+      self._stalled(running[0], int(seconds[running[0]]), long_wait)
+    elif len(long_wait) == n and not self._all_waiting_logged:
+      self._all_waiting_logged = True
+      text = (f"heartbeat: every client has waited in a collective for "
+              f"{int(limit)} s or more: a long computation, or a deadlock "
+              "(clients that issued different collectives); this client "
+              f"({self.client_id}): main thread in {self.recorder.where()}")
+      if self.stall_kill_all_waiting:
+        self._fail(text, list(range(n)))
+      else:
+        logging.warning("%s", text)
+
+  def _stalled(self, staller: int, seconds: int, waiters: list[int]) -> None:
+    key = f"stall/{self.beats}"
+    if staller == self.client_id:
+      where = self.recorder.where()
+      self._share(key, where)
+    else:
+      where = self._fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
+    self._fail(f"heartbeat: client {staller} stalled: main thread in {where} for "
+               f"{seconds} s while {_names(waiters)} "
+               f"{'wait' if len(waiters) > 1 else 'waits'} in a collective",
+               [staller], exit_code=(OWN_FAILURE_EXIT_CODE
+                                     if staller == self.client_id else EXIT_CODE))
+
+  def _token_mismatch(self, slots: np.ndarray) -> None:
+    """Names the out-of-sync clients: those not holding the cluster's token.
+
+    The cluster's token is the one most slots hold (client 0's on a tie), so
+    a restarted client blames itself rather than everyone else.
+    """
+    me = self.client_id
+    if int(slots[me]) != self.token:
+      # Only this client writes its slot: the exchange itself is broken.
+      self._fail(f"heartbeat: beat {self.beats} returned a wrong sum: this "
+                 f"client ({me}) sent token {self.token} but its slot holds "
+                 f"{int(slots[me])} (all slots: {slots.tolist()})", [me],
+                 exit_code=OWN_FAILURE_EXIT_CODE)
+      return
+    values, counts = np.unique(slots, return_counts=True)
+    best = values[counts == counts.max()]
+    cluster_token = int(slots[0]) if len(best) > 1 else int(best[0])
+    wrong = [c for c in range(len(slots)) if slots[c] != cluster_token]
+    if me in wrong:
+      self._fail(f"heartbeat: this client ({me}) is out of sync: it sent token "
+                 f"{self.token}, the cluster's is {cluster_token} in beat "
+                 f"{self.beats}", [me], exit_code=OWN_FAILURE_EXIT_CODE)
+      return
+    sent = ", ".join(str(int(slots[c])) for c in wrong)
+    self._fail(f"heartbeat: {_names(wrong)} sent token {sent} instead of "
+               f"{cluster_token} in beat {self.beats} (restarted or out of sync)",
+               wrong)
+
+  # -- the watchdog -------------------------------------------------------------
+
+  def _watch(self) -> None:
+    """Wakes every second: a beat past the stuck time-out is a failure, and a
+    wake-up far later than asked means this process itself was frozen."""
+    try:
+      tick = self._clock()
+      with self._beat_changed:
+        while not self.stopped.is_set():
+          self._beat_changed.wait(_TICK)
+          now = self._clock()
+          frozen = now - tick - _TICK
+          tick = now
+          if frozen > _PAUSE_TOLERANCE:
+            self._was_frozen(frozen)
+          started = self._beat_started
+          if started is not None and now - started > self.stuck_timeout:
+            break
+      if not self.stopped.is_set():
+        self._fail(*self._missed(self.beats + 1, self.stuck_timeout, ""))
+    except BaseException as e:  # pylint: disable=broad-except
+      self._own_failure(e)
+
+  def _was_frozen(self, seconds: float) -> None:
+    if seconds >= self.stuck_timeout:
+      what = (f"did not run for {seconds:.1f} s (stopped, swapped out, or its "
+              "GIL held by C code), longer than the stuck time-out "
+              f"({self.stuck_timeout:g} s)")
+      self._fail(f"heartbeat: this client ({self.client_id}) {what}; the others "
+                 "count it as stuck", [self.client_id],
+                 exit_code=OWN_FAILURE_EXIT_CODE,
+                 public=f"heartbeat: client {self.client_id} {what}")
+    else:
+      logging.warning("heartbeat: this client (%d) did not run for %.1f s "
+                      "(within the stuck time-out, %g s)", self.client_id,
+                      seconds, self.stuck_timeout)
+
+  def _missed(self, beat: int, waited: float, detail: str
+              ) -> tuple[str, list[int]]:
+    """What to say about a beat that did not complete, and whom to name.
+
+    A roll call: every healthy client blocked in the same beat answers it
+    within a moment; the ones that do not are the culprits.
+    """
+    others = [c for c in range(self.num_clients) if c != self.client_id]
+    present = self._roll_call(beat, ROLL_CALL_GRACE)
+    if present is None:
+      return (f"heartbeat: beat {beat} did not complete within {waited:g} s"
+              f"{detail}; the heartbeat's coordination service (client 0) is "
+              "unreachable", [0])
+    missing = [c for c in others if c not in present]
+    if not missing:
+      return (f"heartbeat: beat {beat} did not complete within {waited:g} s "
+              f"although every client started it{detail}", others)
+    if beat == 0:
+      text = f"{_names(missing)} did not start the heartbeat within {waited:g} s"
+    else:
+      age = self._clock() - self._last_beat
+      text = f"{_names(missing)} missed beat {beat} (last seen {age:.1f} s ago)"
+      finished = [c for c in missing if c in self.departed]
+      if finished:
+        text += (f"; {_names(finished)} had ended {'their' if len(finished) > 1 else 'its'} "
+                 "script and left after waiting for the others")
+    return f"heartbeat: {text}{detail}", missing
+
+  # -- failure ------------------------------------------------------------------
+
+  def _consequence(self) -> str:
+    if self.exiting == "finished":
+      return "this client had already finished"
+    return {"terminate": "stopping this client",
+            "raise": "raising PeerFailureError at the next jdtensor call",
+            "log": "carrying on (policy 'log')"}[self.policy]
+
+  def _fail(self, core: str, ids: list[int], exit_code: int = EXIT_CODE,
+            public: str | None = None) -> None:
+    """Records a failure (`core` says what happened) and applies the policy.
+
+    A failure that names other clients is told to every client (and to the
+    launcher); one that names this client is told as `public`, if given
+    (the others would read "this client" as themselves).
+    """
+    with self._fail_lock:
+      if self.failure is not None or self.exiting == "failed":
+        return
+      own = exit_code != EXIT_CODE
+      message = f"{core}; {self._consequence()}"
+      error = PeerFailureError(message, tuple(ids))
+      self.failure = error
+    culprits = [c for c in error.client_ids if c != self.client_id]
+    if culprits:
+      self._announce(culprits, core)
+      self._report(culprits, core)
+    elif own:
+      self._report([self.client_id], public or core)
+      if public is not None:
+        self._announce([self.client_id], public)
+    if self.policy == "terminate" and self.exiting is None:
+      # One plain line, certain to be seen, then exit without JAX's shutdown
+      # barrier (it would wait for the failed client).
+      sys.stderr.write(message + "\n")
+      sys.stderr.flush()
+      if self.client_id == 0:  # Hosts the services: leave last.
+        self._wait_peers_gone(_HOST_EXIT_WAIT, error.client_ids)
+      self._terminate(exit_code)
+      return
+    logging.error("%s", message)
+    if self.policy == "raise" and self.exiting is None:
+      self._on_failure(error)
+    self.stopped.set()
+    with self._beat_changed:
+      self._beat_changed.notify_all()
+
+  def _own_failure(self, error: BaseException) -> None:
+    """An exception in the heartbeat's own code: this client's failure."""
+    trace = "".join(traceback.format_exception(error)).rstrip()
+    what = f"heartbeat failed in its own code: {type(error).__name__}: {error}"
+    self._fail(f"heartbeat: this client's ({self.client_id}) {what}\n{trace}\n",
+               [self.client_id], exit_code=OWN_FAILURE_EXIT_CODE,
+               public=f"heartbeat: client {self.client_id}'s {what}")
+
+  # -- events from the liveness links -------------------------------------------
+
+  def peer_died(self, client: int, how: str) -> None:
+    """A liveness link saw `client`'s process end (no beat can succeed now)."""
+    if self.stopped.is_set() and self.failure is None:
+      return  # We already stopped by agreement; a late exit is not a failure.
+    if self._exchange is None:  # Links only: there are no beats to speak of.
+      self._fail(f"heartbeat: client {client} is gone ({how})", [client])
+      return
+    age = self._clock() - self._last_beat
+    self._fail(f"heartbeat: client {client} missed beat {self.beats + 1} (last "
+               f"seen {age:.1f} s ago; {how})", [client])
+
+  def peer_reported(self, clients: list[int], why: str, reporter: int) -> None:
+    """Another client found `clients` failed (relayed by the liveness links)."""
+    if self.stopped.is_set() and self.failure is None:
+      return
+    # Named ourselves (e.g. we were frozen, or stalled): we are the root cause.
+    self._fail(f"{why} (reported by client {reporter})", clients,
+               exit_code=(OWN_FAILURE_EXIT_CODE if self.client_id in clients
+                          else EXIT_CODE))
+
+  def peer_left(self, client: int, code: int, why: str, failure: bool) -> None:
+    """A client announced it is leaving: with a failure, or finished."""
+    if not failure:
+      self.departed[client] = self._clock()
+      return
+    if why.startswith("exited") and self.exiting is None:
+      why += " while the others were still running"
+    self._fail(f"heartbeat: client {client} {why}", [client])
+
+  def peer_notice(self, client: int, text: str) -> None:
+    logging.warning("client %d: %s", client, text)
+
+  # -- lifecycle ----------------------------------------------------------------
+
+  def start_threads(self) -> None:
+    targets = [(self._run, "jdtensor-heartbeat")]
+    if self._exchange is not None:
+      targets.append((self._watch, "jdtensor-heartbeat-watchdog"))
+    for target, name in targets:
+      thread = threading.Thread(target=target, daemon=True, name=name)
+      thread.start()
+      self._threads.append(thread)
+
+  def finish(self) -> None:
+    """This client's script has ended normally: beat "at exit" until every
+    client has (the agreed end), and only log what happens to the others."""
+    self.exiting = "finished"
+    self.recorder.at_exit = True
+    if self._exchange is None:
+      self.event.set()
+
+  def abandon(self) -> None:
+    """This client is leaving with a failure: react to nothing any more."""
+    self.exiting = "failed"
+    self.stopped.set()
+    with self._beat_changed:
+      self._beat_changed.notify_all()
+
+  def stop(self, timeout: float | None = None) -> bool:
+    """Requests the agreed stop and waits for it (and the teardown).
+
+    Returns:
+      True if the heartbeat stopped in time.
+    """
+    logging.info("Stopping the heartbeat thread")
+    self.event.set()
+    if timeout is None:
+      timeout = self.period + self.stuck_timeout + self._close_timeout
+    return self.stopped.wait(timeout)

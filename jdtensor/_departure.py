@@ -1,0 +1,177 @@
+"""How this client leaves a multi-client run, announced to the others.
+
+PURE: standard library only; what to do is injected.
+
+A client can stop taking part in many ways; each must reach every other
+client at once, with its reason, or they hang in their next collective:
+
+* an unhandled exception ends the script: seen at exit in ``sys.last_value``
+  (Python sets it before the exception hook runs, so a replaced hook does not
+  hide it): a failure, code 1;
+* ``sys.exit(n)``: the code is recorded by a thin wrapper of ``sys.exit``
+  (Python keeps no record of it for exit handlers). Non-zero: a failure;
+* the script ends normally (or ``sys.exit(0)``): the client is finished and
+  waits for the others to finish too (the agreed end). If the others are
+  still waiting for it in a collective, it has left early; the heartbeat
+  names it.
+
+An exception that ends a background thread (``threading.excepthook``) does
+not end the client (Python's rule), so it is only announced as a notice; if
+the client then stalls, the stall report shows it.
+
+Unless every client ends together, the process ends with ``os._exit`` after
+the remaining exit handlers have run (see `ExitGuard.run`), with the
+client's own exit code.
+
+Limits: ``raise SystemExit(n)`` written directly, without ``sys.exit``, is
+seen as code 0; ``os._exit`` and signals run no exit handler (the liveness
+links see the process end).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Departure", "ExitGuard", "describe_exception"]
+
+
+@dataclass(frozen=True)
+class Departure:
+  """How this client is leaving.
+
+  Attributes:
+    code: The exit code.
+    why: What to tell the others, e.g. ``failed: ZeroDivisionError: division
+      by zero (train.py:42 in step)`` or ``exited (code 3)``.
+    failed: Whether this is a failure (an exception or a non-zero code).
+  """
+  code: int
+  why: str
+  failed: bool
+
+
+def describe_exception(error: BaseException) -> str:
+  """``Type: first line of the message (file:line in function)``."""
+  lines = str(error).strip().splitlines()
+  text = f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
+  tb = error.__traceback__
+  while tb is not None and tb.tb_next is not None:
+    tb = tb.tb_next
+  if tb is not None:
+    code = tb.tb_frame.f_code
+    text += f" ({code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name})"
+  return text
+
+
+def _status_code(status: Any) -> int:
+  """The process exit code `sys.exit(status)` gives."""
+  if status is None:
+    return 0
+  if isinstance(status, int) and not isinstance(status, bool):
+    return status & 0xFF
+  return 1  # Python prints a non-int status and exits with 1.
+
+
+class ExitGuard:
+  """Installs the exit hooks of one client and runs its way out.
+
+  Args:
+    on_leave: Called once, in the exit handler, with this client's
+      `Departure`. It announces the departure and, for a normal end, waits
+      for the agreed end; it returns whether JAX's own shutdown barrier can
+      still succeed (every client is finishing normally).
+    detach_jax: Keeps JAX's exit handler from entering its shutdown barrier
+      (which would wait for a client that is gone, then abort the process).
+    on_thread_exception: Called with a notice when a background thread dies
+      of an exception.
+  """
+
+  def __init__(self, on_leave: Callable[[Departure], bool],
+               detach_jax: Callable[[], None],
+               on_thread_exception: Callable[[str], None] | None = None):
+    self._on_leave = on_leave
+    self._detach_jax = detach_jax
+    self._on_thread_exception = on_thread_exception
+    self.exit_status: Any = None
+    self.exit_called = False
+    self.departure: Departure | None = None
+    self._installed = False
+    self._real_exit: Callable[..., Any] | None = None
+    self._real_thread_hook: Callable[..., Any] | None = None
+
+  def install(self) -> None:
+    """Wraps ``sys.exit``, chains ``threading.excepthook``, registers the
+    exit handler (after JAX's, so it runs first)."""
+    if self._installed:
+      return
+    self._installed = True
+    self._real_exit = sys.exit
+    real_exit = self._real_exit
+
+    def exit(status: Any = None) -> None:  # pylint: disable=redefined-builtin
+      if threading.current_thread() is threading.main_thread():
+        self.exit_status, self.exit_called = status, True
+      real_exit(status)
+    exit.__doc__ = real_exit.__doc__
+    exit.__wrapped__ = real_exit  # type: ignore[attr-defined]
+    sys.exit = exit
+    self._real_thread_hook = threading.excepthook
+    threading.excepthook = self._thread_exception
+    atexit.register(self.run)
+
+  def _thread_exception(self, args: Any) -> None:
+    if self._real_thread_hook is not None:
+      self._real_thread_hook(args)
+    if self._on_thread_exception is not None and args.exc_value is not None:
+      name = args.thread.name if args.thread is not None else "?"
+      self._on_thread_exception(
+          f"thread {name!r} died: {describe_exception(args.exc_value)}")
+
+  def departure_now(self) -> Departure:
+    """How this client is leaving, read at exit."""
+    error = getattr(sys, "last_value", None)
+    if error is not None and not isinstance(error, SystemExit):
+      code = 130 if isinstance(error, KeyboardInterrupt) else 1
+      return Departure(code, f"failed: {describe_exception(error)}", True)
+    if self.exit_called:
+      code = _status_code(self.exit_status)
+      return Departure(code, f"exited (code {code})", code != 0)
+    return Departure(0, "exited (code 0)", False)
+
+  def run(self) -> None:
+    """The exit handler: announce, then agree or detach.
+
+    After a clean end Python exits as usual. Otherwise this client detaches
+    from JAX's shutdown barrier, runs the remaining exit handlers itself, and
+    ends the process with its exit code: Python's own finalisation would wake
+    threads still blocked in C++ collectives with the departed clients, and
+    such a thread aborts the process when it finds the interpreter gone.
+    """
+    if self.departure is not None:
+      return
+    self.departure = self.departure_now()
+    clean = False
+    try:
+      clean = self._on_leave(self.departure)
+    finally:
+      if not clean:
+        self._detach_jax()
+        self._exit_now(self.departure.code)
+
+  @staticmethod
+  def _exit_now(code: int) -> None:
+    try:
+      atexit._run_exitfuncs()  # pylint: disable=protected-access
+    finally:
+      for stream in (sys.stdout, sys.stderr):
+        try:
+          stream.flush()
+        except (OSError, ValueError, AttributeError):
+          pass
+      os._exit(code)

@@ -1,0 +1,74 @@
+"""A training-like client whose client 1 misbehaves at step 3.
+
+    MISBEHAVE=exception|exit0|exit3|stall|gil|sigstop|none python failure_client.py
+
+Every client runs STEPS steps of a psum over a `jax.make_mesh` mesh of every
+device and checks each result. At step 3, client 1 raises, calls sys.exit,
+sleeps in its own code (a stuck data loader), holds the GIL in C for
+GIL_SECONDS, or stops itself for STOP_SECONDS (a helper sends SIGCONT). It
+prints ``MISBEHAVING <unix time>`` first, so tests can time what follows.
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+
+import jdtensor  # noqa: E402
+
+jdtensor.initialize_accelerator_system("CPU")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+n, k, local = jax.process_count(), jax.process_index(), jax.local_device_count()
+mesh = jax.make_mesh((n, local), ("b", "m"))
+psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, ("b", "m")), mesh=mesh,
+                             in_specs=P("b", "m"), out_specs=P()))
+x = jax.make_array_from_callback((n, local), NamedSharding(mesh, P("b", "m")),
+                                 lambda idx: np.ones((1, 1), np.float32))
+
+
+def next_batch(step):
+  """Where a stuck data loader would sit."""
+  if k == 1 and step == 3 and os.environ.get("MISBEHAVE") == "stall":
+    time.sleep(600)
+  return step
+
+
+def misbehave(what):
+  print(f"MISBEHAVING {time.time():.3f}", flush=True)
+  if what == "exception":
+    return 1 / 0
+  if what == "exit0":
+    sys.exit(0)
+  if what == "exit3":
+    sys.exit(3)
+  if what == "gil":  # PyDLL keeps the GIL for the whole C call.
+    ctypes.PyDLL(None).sleep(int(os.environ.get("GIL_SECONDS", "20")))
+  if what == "sigstop":
+    subprocess.Popen(["sh", "-c", f"sleep {os.environ.get('STOP_SECONDS', '10')}; "
+                      f"kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+  return None
+
+
+what = os.environ.get("MISBEHAVE", "none")
+for step in range(int(os.environ.get("STEPS", "30"))):
+  if k == 1 and step == 3 and what != "stall":
+    misbehave(what)
+  if k == 1 and step == 3 and what == "stall":
+    print(f"MISBEHAVING {time.time():.3f}", flush=True)
+  next_batch(step)
+  y = psum(x)  # Held while read, as user code does (e.g. `float(loss)`).
+  total = float(np.asarray(y.addressable_data(0))[0, 0])
+  if total != n * local:
+    raise AssertionError(f"step {step}: psum gave {total}, expected {n * local}")
+  time.sleep(0.05)
+print("DONE", flush=True)

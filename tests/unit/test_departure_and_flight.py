@@ -1,0 +1,154 @@
+"""How a client leaves (exit hooks) and what its main thread is doing (the
+flight recorder), with fakes: no JAX, no process exit."""
+
+import re
+import sys
+import threading
+import types
+
+import pytest
+
+from jdtensor import _departure, _flight
+
+
+@pytest.fixture
+def guard(monkeypatch):
+  """An ExitGuard whose hooks are installed, undone after the test."""
+  monkeypatch.setattr(sys, "exit", sys.exit)
+  monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+  monkeypatch.setattr(_departure.atexit, "register", lambda fn: None)
+  monkeypatch.delattr(sys, "last_value", raising=False)
+  left, notices = [], []
+  g = _departure.ExitGuard(lambda d: left.append(d) or True, lambda: None,
+                           notices.append)
+  g.install()
+  g.left, g.notices = left, notices
+  return g
+
+
+def test_a_normal_end_is_code_0(guard):
+  assert guard.departure_now() == _departure.Departure(0, "exited (code 0)", False)
+
+
+@pytest.mark.parametrize("status,code,failed", [
+    (None, 0, False), (0, 0, False), (3, 3, True), (256 + 4, 4, True),
+    ("bye", 1, True), (True, 1, True)])
+def test_sys_exit_records_the_code(guard, status, code, failed):
+  with pytest.raises(SystemExit):
+    sys.exit(status)
+  assert guard.departure_now() == _departure.Departure(
+      code, f"exited (code {code})", failed)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_sys_exit_in_another_thread_is_not_the_process_exit(guard):
+  t = threading.Thread(target=lambda: sys.exit(5))
+  t.start()
+  t.join(5)
+  assert guard.departure_now().code == 0
+
+
+def test_an_uncaught_exception_is_read_from_sys_last_value(guard, monkeypatch):
+  try:
+    1 / 0
+  except ZeroDivisionError as e:
+    monkeypatch.setattr(sys, "last_value", e, raising=False)
+  departure = guard.departure_now()
+  assert departure.failed and departure.code == 1
+  assert departure.why.startswith("failed: ZeroDivisionError: division by zero "
+                                  "(test_departure_and_flight.py:")
+  assert departure.why.endswith(" in test_an_uncaught_exception_is_read_from_sys_"
+                                "last_value)")
+  monkeypatch.setattr(sys, "last_value", KeyboardInterrupt(), raising=False)
+  assert guard.departure_now() == _departure.Departure(
+      130, "failed: KeyboardInterrupt", True)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dying_thread_is_a_notice_not_a_departure(guard):
+  def work():
+    raise ValueError("loader broke")
+  t = threading.Thread(target=work, name="loader")
+  t.start()
+  t.join(5)
+  assert len(guard.notices) == 1, guard.notices
+  assert re.fullmatch(r"thread 'loader' died: ValueError: loader broke "
+                      r"\(test_departure_and_flight\.py:\d+ in work\)",
+                      guard.notices[0]), guard.notices
+  assert guard.departure_now().code == 0
+
+
+def test_run_leaves_once_and_detaches_only_when_unclean(monkeypatch):
+  monkeypatch.delattr(sys, "last_value", raising=False)
+  detached, exits = [], []
+  clean = _departure.ExitGuard(lambda d: True, lambda: detached.append(1))
+  clean.run()
+  clean.run()
+  assert detached == []
+  monkeypatch.setattr(_departure.ExitGuard, "_exit_now",
+                      staticmethod(lambda code: exits.append(code)))
+  unclean = _departure.ExitGuard(lambda d: False, lambda: detached.append(1))
+  unclean.run()
+  assert detached == [1] and exits == [0]
+
+
+class FakeArray:
+  def __init__(self, ready, processes):
+    self._ready = ready
+    devices = [types.SimpleNamespace(process_index=p) for p in processes]
+    self.sharding = types.SimpleNamespace(device_set=devices)
+
+  def is_ready(self):
+    return self._ready
+
+
+def test_spans_every_process():
+  every = FakeArray(False, [0, 1, 2])
+  assert _flight.spans_every_process([every], 3)
+  assert not _flight.spans_every_process([FakeArray(True, [0, 1, 2])], 3)
+  assert not _flight.spans_every_process([FakeArray(False, [0])], 3)
+  assert not _flight.spans_every_process([], 3)
+
+
+def test_recorder_phases_and_time_in_them():
+  now = [10.0]
+  arrays = []
+  frames = [None]
+  rec = _flight.MainThreadRecorder(2, lambda: arrays, lambda: frames[0],
+                                   clock=lambda: now[0])
+  assert rec.sample() == (_flight.RUNNING, 0.0)
+  now[0] = 15.0
+  assert rec.sample() == (_flight.RUNNING, 5.0)
+  arrays.append(FakeArray(False, [0, 1]))
+  assert rec.sample() == (_flight.WAITING, 0.0)
+  now[0] = 18.0
+  assert rec.sample() == (_flight.WAITING, 3.0)
+  arrays.clear()
+  rec.at_exit = True
+  assert rec.sample() == (_flight.AT_EXIT, 0.0)
+  arrays.append(FakeArray(False, [0, 1]))  # At exit, still waiting: waiting.
+  assert rec.sample()[0] == _flight.WAITING
+
+
+def test_recorder_sees_the_main_thread_inside_jax():
+  import os
+  jax_dir = os.path.join(os.sep, "site", "jax") + os.sep
+
+  def frame(filename, back=None):
+    return types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename=filename),
+                                 f_back=back)
+  inside = frame("/work/train.py", frame(jax_dir + "_src/compiler.py"))
+  rec = _flight.MainThreadRecorder(2, lambda: [], lambda: inside)
+  rec._jax_dirs = (jax_dir,)
+  assert rec.sample()[0] == _flight.IN_JAX
+  rec._main_frame = lambda: frame("/work/data.py")
+  assert rec.sample()[0] == _flight.RUNNING
+
+
+def test_stack_top_names_the_innermost_frames():
+  def inner():
+    return _flight.stack_top(sys._getframe(), depth=2)
+  text = inner()
+  assert text.startswith("test_departure_and_flight.py:")
+  assert " inner <- test_departure_and_flight.py:" in text
+  assert text.endswith(" test_stack_top_names_the_innermost_frames")
