@@ -52,6 +52,13 @@ __all__ = [
     "JDTENSOR_STALL_TIMEOUT",
     "JDTENSOR_STALL_KILL_ALL_WAITING",
     "JDTENSOR_REPORT_DIR",
+    "JDTENSOR_RUN_SECRET",
+    "MAX_TIMEOUT",
+    "parse_host",
+    "parse_port",
+    "parse_bind_address",
+    "parse_timeout",
+    "read_run_secret",
     "HEARTBEAT_POLICIES",
     "HeartbeatSettings",
     "read_heartbeat_settings",
@@ -92,11 +99,19 @@ JDTENSOR_STALL_KILL_ALL_WAITING = "JDTENSOR_STALL_KILL_ALL_WAITING"
 # Set by `jdtensor launch` for its clients: where a client that stops because
 # of another writes whom it blames (the launcher names the root cause).
 JDTENSOR_REPORT_DIR = "JDTENSOR_REPORT_DIR"
+# The run's shared secret: the start-up handshake authenticates every client
+# with it (`jdtensor launch` makes one per run).
+JDTENSOR_RUN_SECRET = "JDTENSOR_RUN_SECRET"
 
 _TRUE = frozenset({"1", "true", "yes"})
 _FALSE = frozenset({"0", "false", "no"})
-_INT_RE = re.compile(r"[+-]?[0-9]+")
-_HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.%A-Za-z]+\]")
+# ASCII digits only: str.isdigit() accepts '²' and Arabic-Indic digits.
+_INT_RE = re.compile(r"[+-]?[0-9]{1,18}", re.ASCII)
+_PORT_RE = re.compile(r"[0-9]{1,5}", re.ASCII)
+_HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.%A-Za-z]+\]", re.ASCII)
+# Longest timeout accepted anywhere (a week): JAX's time-outs are C ints of
+# seconds, and "wait forever" is never what a run wants.
+MAX_TIMEOUT = 7 * 24 * 3600.0
 
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -143,13 +158,16 @@ def parse_int(name: str, raw: str, *, hint: str = "") -> int:
   """
   value = raw.strip()
   if not _INT_RE.fullmatch(value):
-    raise ConfigError(
-        f"{name}={raw!r} is not an integer" + (f"; {hint}" if hint else "."))
+    shown = raw if len(raw) <= 40 else raw[:20] + "..." + raw[-10:]
+    what = ("is too long for an integer" if re.fullmatch(r"[+-]?[0-9]+", value,
+                                                        re.ASCII)
+            else "is not an integer")
+    raise ConfigError(f"{name}={shown!r} {what}" + (f"; {hint}" if hint else "."))
   return int(value)
 
 
 def parse_positive_float(name: str, raw: str) -> float:
-  """Parses a finite float > 0, e.g. a timeout in seconds.
+  """Parses a finite float > 0.
 
   Raises:
     ConfigError: If the value is not a finite number greater than zero.
@@ -162,6 +180,108 @@ def parse_positive_float(name: str, raw: str) -> float:
     raise ConfigError(
         f"{name}={raw!r} must be a finite number of seconds greater than 0.")
   return value
+
+
+def parse_timeout(name: str, raw: object) -> float:
+  """A time-out in seconds: a number above 0 and at most `MAX_TIMEOUT`.
+
+  Raises:
+    ConfigError: Naming `name` and showing the value otherwise.
+  """
+  if isinstance(raw, bool):
+    value = float("nan")
+  else:
+    try:
+      value = float(raw.strip() if isinstance(raw, str) else raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+      value = float("nan")
+  if not 0 < value <= MAX_TIMEOUT:
+    raise ConfigError(f"{name}={raw!r} must be a number of seconds above 0 and at "
+                      f"most {MAX_TIMEOUT:g} (a week).")
+  return value
+
+
+def parse_port(name: str, raw: str, what: str) -> int:
+  """A TCP port: ASCII decimal digits, 1..65535.
+
+  Raises:
+    ConfigError: ``{name}={raw!r}: {what} has an invalid port ...``.
+  """
+  if not _PORT_RE.fullmatch(raw) or not 1 <= int(raw) <= 65535:
+    raise ConfigError(f"{name}={what!r} has an invalid port {raw!r} (expected "
+                      "1..65535 in ASCII digits).")
+  return int(raw)
+
+
+def parse_host(name: str, host: str, shown: str) -> str:
+  """A host name or address: ASCII, DNS labels of 1-63 characters.
+
+  Raises:
+    ConfigError: ``{name}={shown!r} has an invalid host ...``.
+  """
+  problem = ""
+  if not _HOST_RE.fullmatch(host):
+    problem = "it may hold only ASCII letters, digits, '.', '-' and '_', or be [IPv6]"
+  elif not host.startswith("["):
+    labels = host.rstrip(".").split(".")
+    if len(host) > 253:
+      problem = "a host name has at most 253 characters"
+    elif any(not 1 <= len(label) <= 63 for label in labels):
+      problem = "each dot-separated part of a host name has 1 to 63 characters"
+  if problem:
+    raise ConfigError(f"{name}={shown!r} has an invalid host {host!r}: {problem}.")
+  return host.strip("[]")
+
+
+def parse_bind_address(name: str, raw: object) -> tuple[str | None, int | None]:
+  """``JDTENSOR_COORDINATOR_BIND_ADDRESS``: a host, ``host:port`` or ``:port``.
+
+  Returns:
+    (host or None, port or None): what to use instead of DTENSOR_JOBS[0]'s.
+
+  Raises:
+    TypeError: If it is not a str.
+    ConfigError: For a bad host or a port outside 1..65535 (``:0`` included:
+      a random port nobody could find).
+  """
+  if not isinstance(raw, str):
+    raise TypeError(f"{name} must be a str like 'host', 'host:port' or "
+                    f"'[::1]:port', got {raw!r} of type {type(raw).__name__}.")
+  text = raw.strip()
+  if not text:
+    raise ConfigError(f"{name}={raw!r} is empty; give a host, host:port or "
+                      "[IPv6]:port, or unset it.")
+  if text.startswith("["):
+    host, sep, rest = text.partition("]")
+    host += "]"
+    port_text = rest[1:] if rest.startswith(":") else None
+    if rest and port_text is None:
+      raise ConfigError(f"{name}={raw!r} is not [IPv6] or [IPv6]:port.")
+  elif text.count(":") == 1:
+    host, _, port_text = text.partition(":")
+  elif ":" in text:  # A bare IPv6 address.
+    host, port_text = f"[{text}]", None
+  else:
+    host, port_text = text, None
+  port = parse_port(name, port_text, raw) if port_text is not None else None
+  return (parse_host(name, host, raw) if host else None), port
+
+
+def read_run_secret(environ: Mapping[str, str] | None = None) -> str | None:
+  """``JDTENSOR_RUN_SECRET``, or None when unset.
+
+  Raises:
+    ConfigError: If it is set but shorter than 16 characters (guessable).
+  """
+  raw = _environ(environ).get(JDTENSOR_RUN_SECRET)
+  if raw is None:
+    return None
+  if len(raw.strip()) < 16:
+    raise ConfigError(
+        f"{JDTENSOR_RUN_SECRET} is set but has {len(raw.strip())} characters; "
+        "use at least 16 random characters (e.g. `python -c \"import secrets; "
+        "print(secrets.token_hex(32))\"`), the same on every client, or unset it.")
+  return raw.strip()
 
 
 def _bns_task_id(job: str) -> int | str:
@@ -180,8 +300,14 @@ def _check_host_port(entry: str, raw: str) -> None:
     problem = "is not of the form host:port"
   elif not _HOST_RE.fullmatch(host):
     problem = f"has an invalid host {host!r}"
-  elif not port.isdigit() or not 1 <= int(port) <= 65535:
-    problem = f"has an invalid port {port!r} (expected 1..65535)"
+  elif not _PORT_RE.fullmatch(port) or not 1 <= int(port) <= 65535:
+    problem = f"has an invalid port {port!r} (expected 1..65535 in ASCII digits)"
+  else:
+    try:
+      parse_host(DTENSOR_JOBS, host, raw)
+    except ConfigError as e:
+      problem = "has an invalid host " + str(e).split(" has an invalid host ", 1)[1]
+      problem = problem.rstrip(".")
   if problem:
     raise ConfigError(
         f"{DTENSOR_JOBS}={raw!r}: entry {entry!r} {problem}. Set "
@@ -396,9 +522,9 @@ def read_timeouts(environ: Mapping[str, str] | None = None, *,
                                ("heartbeat", JDTENSOR_HEARTBEAT_TIMEOUT, heartbeat),
                                ("shutdown", JDTENSOR_SHUTDOWN_TIMEOUT, shutdown)):
     if arg is not None:
-      values[field_name] = parse_positive_float(f"{field_name}_timeout", str(arg))
+      values[field_name] = parse_timeout(f"{field_name}_timeout", arg)
     elif env.get(var) is not None:
-      values[field_name] = parse_positive_float(var, env[var])
+      values[field_name] = parse_timeout(var, env[var])
     else:
       values[field_name] = getattr(defaults, field_name)
   return Timeouts(**values)

@@ -79,8 +79,16 @@ def get_parser() -> argparse.ArgumentParser:
   env.add_argument("--detect", default="auto",
                    choices=["auto", "tpu", "slurm", "ompi"],
                    help="where to look (default auto)")
-  client = commands.add_parser("demo-client", help=argparse.SUPPRESS)
-  client.add_argument("--steps", type=_positive_int, default=30)
+  return parser
+
+
+# The demo's client program: internal, so not a listed command.
+_DEMO_CLIENT = "demo-client"
+
+
+def _demo_client_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog=f"jdtensor {_DEMO_CLIENT}")
+  parser.add_argument("--steps", type=_positive_int, default=30)
   return parser
 
 
@@ -103,7 +111,7 @@ def _demo(args: argparse.Namespace) -> int:
   print(f"jdtensor demo: {_DEMO_CLIENTS} clients x {_DEMO_DEVICES} CPU devices, "
         "mesh batch=4 x model=2", flush=True)
   spec = launcher.LaunchSpec(
-      command=(sys.executable, "-m", "jdtensor", "demo-client", "--steps",
+      command=(sys.executable, "-m", "jdtensor", _DEMO_CLIENT, "--steps",
                str(args.steps)),
       num_clients=_DEMO_CLIENTS, devices_per_client=_DEMO_DEVICES,
       timeout=args.timeout)
@@ -134,6 +142,8 @@ def _demo_client(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
   """Runs the command; returns the exit code."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] == [_DEMO_CLIENT]:
+    return _demo_client(_demo_client_parser().parse_args(argv[1:]))
   args = get_parser().parse_args(argv)
-  return {"launch": _launch, "demo": _demo, "env": _env_command,
-          "demo-client": _demo_client}[args.command](args)
+  return {"launch": _launch, "demo": _demo, "env": _env_command}[args.command](args)

@@ -89,11 +89,22 @@ def _port(environ: Mapping[str, str], default: int) -> int:
   return port
 
 
+# The most nodes (or clients) a detected cluster may have: a bound checked
+# before anything is expanded, so a typo cannot hang or exhaust memory.
+MAX_NODES = 100_000
+
+
+def _too_many(what: str, raw: str, count: int) -> ConfigError:
+  shown = raw if len(raw) <= 60 else raw[:40] + "..." + raw[-10:]
+  return ConfigError(f"{what} {shown!r} names {count:,} nodes or more; jdtensor "
+                     f"supports at most {MAX_NODES:,}. Check the value.")
+
+
 def expand_hostlist(nodelist: str) -> list[str]:
   """SLURM's compressed host list, e.g. ``n[01-03,7],gpu5`` -> n01 n02 n03 n7 gpu5.
 
   Raises:
-    ConfigError: For a malformed list.
+    ConfigError: For a malformed list, or one of more than `MAX_NODES` nodes.
   """
   hosts: list[str] = []
   for match in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)(?:,|$)", nodelist):
@@ -105,9 +116,16 @@ def expand_hostlist(nodelist: str) -> list[str]:
       continue
     for part in ranges.split(","):
       lo, _, hi = part.partition("-")
-      if not lo.isdigit() or (hi and not hi.isdigit()):
+      if not re.fullmatch(r"[0-9]{1,9}", lo, re.ASCII) or (
+          hi and not re.fullmatch(r"[0-9]{1,9}", hi, re.ASCII)):
         raise ConfigError(f"SLURM node list {nodelist!r} has a bad range {part!r}.")
-      for i in range(int(lo), int(hi or lo) + 1):
+      first, last = int(lo), int(hi or lo)
+      if last < first:
+        raise ConfigError(f"SLURM node list {nodelist!r} has a range {part!r} "
+                          "that runs backwards.")
+      if len(hosts) + last - first + 1 > MAX_NODES:
+        raise _too_many("SLURM node list", nodelist, len(hosts) + last - first + 1)
+      for i in range(first, last + 1):
         hosts.append(f"{prefix}{i:0{len(lo)}d}{suffix}")
   if not hosts:
     raise ConfigError(f"SLURM node list {nodelist!r} names no host.")
@@ -118,10 +136,13 @@ def _tasks_per_node(spec: str, nodes: int) -> list[int]:
   """SLURM's ``2(x3),1`` -> [2, 2, 2, 1]."""
   counts: list[int] = []
   for part in spec.split(","):
-    m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+    m = re.fullmatch(r"([0-9]{1,9})(?:\(x([0-9]+)\))?", part.strip(), re.ASCII)
     if not m:
       raise ConfigError(f"SLURM tasks per node {spec!r} is malformed at {part!r}.")
-    counts += [int(m.group(1))] * int(m.group(2) or 1)
+    repeat = int(m.group(2)[:10] or 1) if m.group(2) else 1  # Bounded digits.
+    if len(counts) + repeat > MAX_NODES:
+      raise _too_many("SLURM tasks per node", spec, len(counts) + repeat)
+    counts += [int(m.group(1))] * repeat
   if len(counts) != nodes:
     raise ConfigError(f"SLURM tasks per node {spec!r} lists {len(counts)} nodes, "
                       f"but the node list has {nodes}.")
@@ -171,6 +192,8 @@ def _detect_ompi(environ: Mapping[str, str]) -> DetectedCluster | None:
                       "host; set DTENSOR_JOBS instead.")
   host = match.group(1) or f"[{match.group(2)}]"
   size = _int(environ, "OMPI_COMM_WORLD_SIZE")
+  if not 1 <= size <= MAX_NODES:
+    raise ConfigError(f"OMPI_COMM_WORLD_SIZE={size} must be 1..{MAX_NODES:,}.")
   port = _port(environ, (int(job) // 2**12) % 2**12 + 65535 - 2**12 + 1)
   if port + size - 1 > 65535:
     port = 65535 - size + 1

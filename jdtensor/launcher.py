@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -53,6 +54,10 @@ _GLOO_FRAGMENTS = re.compile(r"\[Gloo\] Rank|is connected to|Expected number of 
                              r"connected peer ranks is :|peer ranks\.?|\d+|\s+")
 
 
+_GLOO_LEFTOVER = re.compile(r"\s*\d*\s*")
+_GLOO_FRAGMENT_SECONDS = 0.5
+
+
 def is_gloo_noise(line: str) -> bool:
   """Whether `line` holds nothing but fragments of gloo's connection notice."""
   return bool(_GLOO_MARKERS.search(line)) and not _GLOO_FRAGMENTS.sub("", line)
@@ -74,6 +79,9 @@ class LaunchSpec:
     port: First port (client k gets port + k); None picks free ports.
     timeout: Seconds before every client is stopped; None waits forever.
     grace: Seconds between SIGTERM and SIGKILL.
+    secret: The run's ``JDTENSOR_RUN_SECRET``, new for every spec: the
+      clients' start-up handshake is authenticated with it, and a client of
+      another run (another launch) is refused.
   """
   command: tuple[str, ...]
   num_clients: int = 2
@@ -82,6 +90,7 @@ class LaunchSpec:
   port: int | None = None
   timeout: float | None = None
   grace: float = 5.0
+  secret: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
   def __post_init__(self) -> None:
     if not self.command:
@@ -148,6 +157,7 @@ def worker_env(spec: LaunchSpec, client: int, ports: Sequence[int],
   env[_env.DTENSOR_NUM_CLIENTS] = str(spec.num_clients)
   env[_env.DTENSOR_JOB_NAME] = "worker"
   env[_env.DTENSOR_JOBS] = ",".join(f"localhost:{p}" for p in ports)
+  env[_env.JDTENSOR_RUN_SECRET] = spec.secret
   if spec.device_type.upper() == "CPU":
     env["JAX_PLATFORMS"] = "cpu"
     env["JAX_NUM_CPU_DEVICES"] = str(spec.devices_per_client)
@@ -155,33 +165,59 @@ def worker_env(spec: LaunchSpec, client: int, ports: Sequence[int],
   return env
 
 
-# Runs as the client process itself before exec'ing the command: it asks the
-# kernel to SIGKILL it when the launcher dies (PR_SET_PDEATHSIG survives exec),
-# exits if the launcher is already gone, ignores SIGUSR1 (the launcher
-# forwards it; a jdtensor client installs a stack dump for it, any other
-# program must not die of it), then becomes the command. Doing this
-# in a wrapper instead of Popen(preexec_fn=...) keeps Python code out of the
-# fork, which is unsafe in a multithreaded (e.g. JAX) parent.
-_DIE_WITH_PARENT = (
-    "import ctypes, os, signal, sys\n"
-    "signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # Only jdtensor clients dump.\n"
-    "try:\n"
-    "  ctypes.CDLL(None, use_errno=True).prctl(1, 9)\n"
-    "except (OSError, AttributeError):\n"
-    "  pass\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "  sys.exit(137)\n"
-    "try:\n"
-    "  os.execvp(sys.argv[2], sys.argv[2:])\n"
-    "except OSError as e:\n"
-    "  print(f'jdtensor launch: cannot start {sys.argv[2]!r}: {e.strerror}', "
-    "file=sys.stderr)\n"
-    "  sys.exit(127)\n")
+# The guardian: the launcher's direct child for each client, in its own
+# process group, that runs the command as its child and stays alive as a
+# small supervisor. When the launcher dies (even by SIGKILL), the kernel sends
+# the guardian SIGUSR2 (PR_SET_PDEATHSIG), and it SIGKILLs its whole process
+# group: the client, a wrapper shell and every grandchild. The command itself
+# dies with the guardian (its own PR_SET_PDEATHSIG). The launcher's SIGTERM
+# and SIGINT reach the whole group; the guardian ignores them (with a Python
+# handler, so the command does not inherit an ignored signal) and waits for
+# the command, then exits with its code, or dies of its signal. SIGUSR1 is
+# ignored: the launcher forwards it, a jdtensor client installs a stack dump
+# for it, and any other program must not die of it. Python runs only in this
+# fresh, single-threaded process, never in a fork of a multithreaded one.
+_GUARDIAN = """\
+import ctypes, os, signal, sys
+launcher, command = int(sys.argv[1]), sys.argv[2:]
+libc = ctypes.CDLL(None, use_errno=True)
+def launcher_gone(signum, frame):
+  os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGUSR2, launcher_gone)
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+  signal.signal(sig, lambda signum, frame: None)
+libc.prctl(1, signal.SIGUSR2)
+if os.getppid() != launcher:
+  os.killpg(0, signal.SIGKILL)
+guardian = os.getpid()
+child = os.fork()
+if child == 0:
+  libc.prctl(1, signal.SIGKILL)
+  if os.getppid() != guardian:
+    os._exit(137)
+  try:
+    os.execvp(command[0], command)
+  except OSError as e:
+    os.write(2, f"jdtensor launch: cannot start {command[0]!r}: {e.strerror}\\n".encode())
+    os._exit(127)
+while True:
+  try:
+    _, status = os.waitpid(child, 0)
+    break
+  except InterruptedError:
+    continue
+if os.WIFSIGNALED(status):
+  sig = os.WTERMSIG(status)
+  if sig not in (signal.SIGKILL, signal.SIGSTOP):
+    signal.signal(sig, signal.SIG_DFL)
+  os.kill(guardian, sig)
+os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+"""
 
 
 def _wrapped(command: Sequence[str]) -> list[str]:
-  return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()),
-          *command]
+  return [sys.executable, "-S", "-c", _GUARDIAN, str(os.getpid()), *command]
 
 
 def _describe(code: int) -> str:
@@ -216,9 +252,16 @@ class _Supervisor:
 
   def _pump(self, client: int, pipe: IO[bytes], sink: IO[str]) -> None:
     prefix = f"[client {client}] "
+    noise_until = 0.0  # Fragments of a gloo notice may follow it.
     for raw in iter(pipe.readline, b""):
       line = raw.decode(errors="replace").rstrip("\n")
       if is_gloo_noise(line):
+        noise_until = time.monotonic() + _GLOO_FRAGMENT_SECONDS
+        continue
+      # gloo's C++ threads write their notices byte by byte into the same
+      # stream, so an empty line or a lone number right after one is a
+      # fragment of it, not the program's output.
+      if time.monotonic() < noise_until and _GLOO_LEFTOVER.fullmatch(line):
         continue
       with self.write_lock:
         sink.write(prefix + line + "\n")

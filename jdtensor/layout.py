@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import itertools
 import numbers
+import re
 from collections import namedtuple
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,11 @@ EMPTY_MESH = "empty_mesh"
 _EMPTY_LAYOUT = "empty_layout"
 USE_XLA_SPMD_STRING = "use_xla_spmd"
 _RESERVED_DIM_NAMES = (_ANY, MATCH, UNSHARDED)
+# The largest mesh jdtensor builds (2**20 devices: well above any TPU pod),
+# checked before anything is allocated.
+MAX_MESH_SIZE = 2**20
+# Characters the mesh string format uses as separators.
+_DIM_NAME_FORBIDDEN = re.compile(r"[|,=:*\s]")
 
 MeshDimension = namedtuple("MeshDimension", ["name", "size"])
 
@@ -68,17 +74,51 @@ def _set_repr(items: set[str]) -> str:
   return "{" + ", ".join(repr(i) for i in sorted(items)) + "}"
 
 
+def _shorten(text: str, limit: int = 200) -> str:
+  return text if len(text) <= limit else text[:limit - 20] + "..." + text[-15:]
+
+
 def _parse_int_list(field: str, text: str, mesh_str: str) -> list[int]:
   if not text:
     return []
+  items = text.split(",")
+  if len(items) > MAX_MESH_SIZE:
+    raise ValueError(f"Mesh string {_shorten(mesh_str)!r}: {field} lists "
+                     f"{len(items):,} ids; jdtensor supports at most "
+                     f"{MAX_MESH_SIZE:,}.")
   out = []
-  for item in text.split(","):
-    try:
-      out.append(int(item))
-    except ValueError:
-      raise ValueError(f"Mesh string {mesh_str!r}: {field} contains {item!r}, "
-                       "which is not an integer.") from None
+  for item in items:
+    if not re.fullmatch(r"-?[0-9]{1,9}", item, re.ASCII):
+      raise ValueError(f"Mesh string {_shorten(mesh_str)!r}: {field} contains "
+                       f"{_shorten(item, 40)!r}, which is not an integer of at "
+                       "most 9 digits.")
+    out.append(int(item))
   return out
+
+
+def _check_dim_names(dim_names: Sequence[Any]) -> None:
+  """Mesh dimension names: str, not reserved, not repeated, no separators.
+
+  Raises:
+    TypeError: For a name that is not a str.
+    ValueError: DTensor's messages for repeated and reserved names; a clear
+      one for a name the mesh string format could not hold.
+  """
+  seen: set[str] = set()
+  for name in dim_names:
+    if not isinstance(name, str):
+      raise TypeError(f"dim_names must be a list of str, got {list(dim_names)!r}.")
+    if name in seen:
+      raise ValueError("repeated mesh dimension")  # DTensor-compatible.
+    if name in _RESERVED_DIM_NAMES:
+      # DTensor-compatible message.
+      raise ValueError(f"mesh dimension name {name} is reserved")
+    if not name or _DIM_NAME_FORBIDDEN.search(name):
+      raise ValueError(
+          f"Mesh dimension name {name!r} cannot be used: a name must be "
+          "non-empty and without '|', ',', '=', ':', '*' or white space (the "
+          "mesh string format uses them as separators).")
+    seen.add(name)
 
 
 class Mesh:
@@ -169,12 +209,16 @@ class Mesh:
       raise ValueError("XLA SPMD is not currently not supported for %s mesh." %
                        device_type)
 
-    # Beyond DTensor: checks its C++ layer skips, which a JAX mesh needs.
-    for name in dim_names:
-      if not isinstance(name, str):
-        raise TypeError(f"dim_names must be a list of str, got {dim_names!r}.")
+    # Beyond DTensor: checks its C++ layer skips, which a JAX mesh and the
+    # mesh string format need (TF's constructor accepts ['x', 'x'] and 'x=1,y',
+    # which then cannot round-trip).
+    _check_dim_names(dim_names)
     if not isinstance(mesh_name, str):
       raise TypeError(f"mesh_name must be a str, got {mesh_name!r}.")
+    if "|" in mesh_name or mesh_name == EMPTY_MESH:
+      raise ValueError(f"mesh_name={mesh_name!r} cannot be used: a mesh name may "
+                       f"not contain '|' or be {EMPTY_MESH!r} (the mesh string "
+                       "format uses them).")
     ids = []
     for i in local_device_ids:
       if not isinstance(i, numbers.Integral) or isinstance(i, bool):
@@ -264,13 +308,19 @@ class Mesh:
     name = parts[0]
     dims: list[tuple[str, int]] = []
     if parts[1]:
+      total = 1
       for item in parts[1].split(","):
         dim_name, eq, size = item.partition("=")
-        if not eq or not size.strip().isdigit():
+        if not eq or not re.fullmatch(r"\s*[0-9]{1,9}\s*", size, re.ASCII):
           raise ValueError(
-              f"Mesh string {mesh_str!r}: dimension {item!r} is not of the "
-              "form name=size.")
+              f"Mesh string {_shorten(mesh_str)!r}: dimension {_shorten(item)!r} "
+              "is not of the form name=size (size in ASCII digits, at most 9).")
         dims.append((dim_name, int(size)))
+        total *= int(size)
+      if total > MAX_MESH_SIZE:
+        raise ValueError(
+            f"Mesh string {_shorten(mesh_str)!r} describes {total:,} devices; "
+            f"jdtensor supports at most {MAX_MESH_SIZE:,}.")
     if len(parts) == 3:
       kind, star, device_type = parts[2].partition("*")
       if not star or kind or "*" in device_type:

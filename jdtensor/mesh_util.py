@@ -327,6 +327,28 @@ def _create_distributed_mesh_legacy(mesh_dims: MeshDims, mesh_name: str,
 
 # DTensor's default barrier time-out: "24 hours to stand in for infinite".
 _DEFAULT_BARRIER_TIMEOUT_MS = 24 * 60 * 60 * 1000
+# The coordination service takes a 32-bit int of milliseconds (24.8 days).
+_MAX_BARRIER_TIMEOUT_MS = 2**31 - 1
+
+
+def _check_barrier_timeout(timeout_in_ms: object) -> int:
+  """`barrier`'s time-out: None (24 h, DTensor's default) or a positive int.
+
+  Raises:
+    TypeError: For anything but an int (a str, a float such as nan or 1e20).
+    ValueError: For an int out of 1..2**31-1 milliseconds.
+  """
+  if timeout_in_ms is None:
+    return _DEFAULT_BARRIER_TIMEOUT_MS
+  if not isinstance(timeout_in_ms, numbers.Integral) or isinstance(timeout_in_ms,
+                                                                   bool):
+    raise TypeError(f"timeout_in_ms must be an int number of milliseconds, got "
+                    f"{timeout_in_ms!r} of type {type(timeout_in_ms).__name__}.")
+  if not 1 <= timeout_in_ms <= _MAX_BARRIER_TIMEOUT_MS:
+    raise ValueError(f"timeout_in_ms={timeout_in_ms!r} must be from 1 to "
+                     f"{_MAX_BARRIER_TIMEOUT_MS} milliseconds (about 24.8 days); "
+                     "None waits DTensor's default of 24 hours.")
+  return int(timeout_in_ms)
 
 
 def barrier(mesh: Mesh, barrier_name: str | None = None,
@@ -342,13 +364,16 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
   Args:
     mesh: The mesh whose devices take part.
     barrier_name: Name for logs and the barrier id; default ``(barrier)``.
-    timeout_in_ms: Coordination barrier time-out; default 24 h (DTensor's).
+    timeout_in_ms: Coordination barrier time-out, an int of milliseconds from
+      1 to 2**31-1; default 24 h (DTensor's).
 
   Raises:
+    TypeError, ValueError: For a bad `timeout_in_ms`.
     ValueError: DTensor's message if the all-reduce gives the wrong count.
     jdtensor.BarrierTimeoutError: If not every client arrived in time.
   """
   runtime.check_health()
+  timeout_in_ms = _check_barrier_timeout(timeout_in_ms)
   import jax  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
   if barrier_name is None:
@@ -358,8 +383,6 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
     # Unlike DTensor, the bounded coordination barrier comes first: a client
     # that never arrives then raises BarrierTimeoutError instead of leaving
     # the others blocked inside the device all-reduce.
-    if timeout_in_ms is None:
-      timeout_in_ms = _DEFAULT_BARRIER_TIMEOUT_MS
     runtime.wait_at_barrier(runtime.next_barrier_id(barrier_name), timeout_in_ms)
   jax_mesh = mesh.jax_mesh
   rank = len(mesh.shape())

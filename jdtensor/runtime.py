@@ -267,9 +267,17 @@ def initialize(device_type: str | None = None,
     env = cluster if cluster is not None else _env.read_cluster_env()
     timeouts = _env.read_timeouts(init=init_timeout, heartbeat=heartbeat_timeout,
                                   shutdown=shutdown_timeout)
-    if coordinator_bind_address is None:
-      coordinator_bind_address = os.environ.get(
-          _env.JDTENSOR_COORDINATOR_BIND_ADDRESS) or None
+    # Parsed now: a bad value fails before the cluster forms, naming itself.
+    if coordinator_bind_address is not None:
+      bind_override = _env.parse_bind_address("coordinator_bind_address",
+                                              coordinator_bind_address)
+    elif os.environ.get(_env.JDTENSOR_COORDINATOR_BIND_ADDRESS) is not None:
+      bind_override = _env.parse_bind_address(
+          _env.JDTENSOR_COORDINATOR_BIND_ADDRESS,
+          os.environ[_env.JDTENSOR_COORDINATOR_BIND_ADDRESS])
+    else:
+      bind_override = (None, None)
+    secret = _env.read_run_secret()
     if device_type is None:
       device_type = config.preferred_device_type()
     if not isinstance(device_type, str):
@@ -301,7 +309,7 @@ def initialize(device_type: str | None = None,
     multi_client = env.num_clients > 1
     if multi_client:
       _start_distributed(env, device_type, num_logical_cpu_devices, timeouts,
-                         coordinator_bind_address, agreed or {})
+                         bind_override, secret, agreed or {})
     else:
       _set_cpu_device_count(num_logical_cpu_devices, experimental_reset_context)
     if not client_devices(device_type, process_index()):
@@ -458,7 +466,8 @@ def _died_during_startup(client: int, how: str) -> None:
 
 def _start_distributed(env: _env.ClusterEnv, device_type: str,
                        cpu_devices: int | None, timeouts: _env.Timeouts,
-                       bind_override: str | None,
+                       bind_override: tuple[str | None, int | None],
+                       secret: str | None,
                        agreed: Mapping[str, object]) -> None:
   """Rendezvous, then ``jax.distributed.initialize``, then cross-checks."""
   from jdtensor import config  # pylint: disable=g-import-not-at-top
@@ -470,7 +479,13 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
         "arrays, jit).")
   deadline = time.monotonic() + timeouts.init
   coordinator = env.coordinator_address
-  bind = _rendezvous.bind_address(coordinator, bind_override)
+  bind = _rendezvous.bind_address(coordinator, *bind_override)
+  if secret is None:
+    logging.warning(
+        "jdtensor: the start-up handshake is not authenticated: %s is not set, "
+        "so any process that can reach DTENSOR_JOBS[0] can join or disturb it. "
+        "`jdtensor launch` sets one per run; set the same one on every client.",
+        _env.JDTENSOR_RUN_SECRET)
   if device_type in ("CPU",) or (device_type == "TPU" and
                                  read_simulated_topology(os.environ)):
     local = cpu_devices or configured_cpu_device_count()
@@ -480,11 +495,12 @@ def _start_distributed(env: _env.ClusterEnv, device_type: str,
                env.client_id, env.num_clients, coordinator)
   settings = {**agreed, _env.JDTENSOR_INIT_TIMEOUT: timeouts.init,
               _env.JDTENSOR_HEARTBEAT_TIMEOUT: timeouts.heartbeat,
-              _env.JDTENSOR_SHUTDOWN_TIMEOUT: timeouts.shutdown}
+              _env.JDTENSOR_SHUTDOWN_TIMEOUT: timeouts.shutdown,
+              _env.DTENSOR_JOB_NAME: env.job_name}
   meeting = _rendezvous.rendezvous(
       _rendezvous.Hello(env.client_id, env.num_clients, env.jobs, local,
                         env.heartbeat_enabled, tuple(sorted(settings.items()))),
-      coordinator, bind, timeouts.init)
+      coordinator, bind, timeouts.init, secret)
   _state.links = meeting.links
   _state.heartbeat_port = meeting.heartbeat_port
   _state.heartbeat_socket = meeting.heartbeat_socket

@@ -115,11 +115,16 @@ def finish(procs: list[subprocess.Popen], timeout: float) -> list[Result]:
 
 
 def cluster_env(jobs: list[str], client: int, devices: int = 1,
-                **extra: str) -> dict[str, str]:
-  return clean_env(**{"DTENSOR_JOBS": ",".join(jobs),
-                      "DTENSOR_CLIENT_ID": str(client),
-                      "JAX_NUM_CPU_DEVICES": str(devices),
-                      **TEST_TIMEOUTS, **extra})
+                secret: bool = True, **extra: str) -> dict[str, str]:
+  """One hand-started client's environment; every client of `jobs` shares a
+  run secret (derived from them) unless `secret` is False."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  env = {"DTENSOR_JOBS": ",".join(jobs), "DTENSOR_CLIENT_ID": str(client),
+         "JAX_NUM_CPU_DEVICES": str(devices), **TEST_TIMEOUTS}
+  if secret:
+    env["JDTENSOR_RUN_SECRET"] = hashlib.sha256(
+        ("test run " + ",".join(jobs)).encode()).hexdigest()
+  return clean_env(**{**env, **extra})
 
 
 def pid_alive(pid: int) -> bool:

@@ -376,6 +376,14 @@ def scenario_init_only():
   result("initialized", True)
 
 
+def scenario_init_then_sleep():
+  import time
+  import jdtensor
+  jdtensor.initialize_accelerator_system("CPU")
+  result("initialized", True)
+  time.sleep(float(os.environ.get("SLEEP_SECONDS", "5")))
+
+
 def scenario_exit_code():
   """Client 1 exits 3 at once; the others would sleep for a minute."""
   import time

@@ -60,6 +60,9 @@ def misbehave(what):
 
 
 what = os.environ.get("MISBEHAVE", "none")
+from jdtensor import heartbeat  # noqa: E402
+if heartbeat.current() is not None:  # Misbehave in the steady state.
+  heartbeat.current().ready.wait(60)
 for step in range(int(os.environ.get("STEPS", "30"))):
   if k == 1 and step == 3 and what != "stall":
     misbehave(what)

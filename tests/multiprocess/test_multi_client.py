@@ -103,17 +103,23 @@ def assert_clean_failure(res, message):
     assert crash not in res.stderr, res.stderr
 
 
-def test_clients_disagree_on_jobs():
+@pytest.mark.parametrize("secret", [True, False], ids=["authenticated", "no-secret"])
+def test_clients_disagree_on_jobs(secret):
   a, b, c = free_port(), free_port(), free_port()
-  envs = [cluster_env([f"localhost:{a}", f"localhost:{b}"], 0),
-          cluster_env([f"localhost:{a}", f"localhost:{c}"], 1)]
+  run = {"JDTENSOR_RUN_SECRET": "s" * 32} if secret else {}
+  envs = [cluster_env([f"localhost:{a}", f"localhost:{b}"], 0, secret=False, **run),
+          cluster_env([f"localhost:{a}", f"localhost:{c}"], 1, secret=False, **run)]
   r0, r1 = finish(start_clients("init_only", envs), timeout=60)
-  expected = (f"Client 1 has DTENSOR_JOBS='localhost:{a},localhost:{c}' but client "
-              f"0 has 'localhost:{a},localhost:{b}'; every client needs the same "
-              "DTENSOR_JOBS.")
-  assert_clean_failure(r0, "ERROR StartupError: " + expected)
-  assert_clean_failure(r1, "ERROR StartupError: Client 1: start-up refused by "
-                       "client 0: " + expected)
+  assert_clean_failure(r0, (
+      "ERROR StartupError: Client 1 has a DTENSOR_JOBS (2 entries) that differs "
+      f"from client 0's (2 entries: 'localhost:{a},localhost:{b}'); every client "
+      "needs the same DTENSOR_JOBS."))
+  # Client 0's own value goes only to a client that proved it knows the secret.
+  shown = f" ('localhost:{a},localhost:{b}')" if secret else ""
+  assert_clean_failure(r1, (
+      "ERROR StartupError: Client 1: start-up refused by client 0: Client 1 has a "
+      f"DTENSOR_JOBS that differs from client 0's{shown}; every client needs the "
+      "same DTENSOR_JOBS."))
 
 
 def test_duplicate_client_ids_and_device_counts():

@@ -80,7 +80,7 @@ def test_bns_mixed_keys_is_a_clear_error_not_type_error():
     ("a:1,a:2,", "has an empty entry at position 2"),
     ("localhost", "entry 'localhost' is not of the form host:port"),
     (":1000", "entry ':1000' is not of the form host:port"),
-    ("host:0", "entry 'host:0' has an invalid port '0' (expected 1..65535)"),
+    ("host:0", "entry 'host:0' has an invalid port '0' (expected 1..65535 in ASCII digits)"),
     ("host:65536", "entry 'host:65536' has an invalid port '65536'"),
     ("host:http", "entry 'host:http' has an invalid port 'http'"),
     ("ho st:1", "entry 'ho st:1' has an invalid host 'ho st'"),
@@ -186,15 +186,54 @@ def test_read_timeouts():
                          heartbeat=3)
   assert t == _env.Timeouts(5.0, 3.0, 7.0)
   assert _env.read_timeouts({"JDTENSOR_INIT_TIMEOUT": "5"}, init=9).init == 9.0
-  with pytest.raises(ConfigError, match="^init_timeout='-1' must be"):
+  with pytest.raises(ConfigError) as e:
     _env.read_timeouts({}, init=-1)
+  assert str(e.value) == ("init_timeout=-1 must be a number of seconds above 0 and "
+                          "at most 604800 (a week).")
+  for raw in ("1e20", "nan", "inf", "0"):
+    with pytest.raises(ConfigError) as e:
+      _env.read_timeouts({"JDTENSOR_HEARTBEAT_TIMEOUT": raw})
+    assert str(e.value) == (f"JDTENSOR_HEARTBEAT_TIMEOUT={raw!r} must be a number "
+                            "of seconds above 0 and at most 604800 (a week).")
 
 
 def test_bind_address():
   from jdtensor._rendezvous import bind_address
-  assert bind_address("localhost:9000", None) == ("127.0.0.1", 9000)
-  assert bind_address("10.1.2.3:9000", None) == ("10.1.2.3", 9000)
-  assert bind_address("[::1]:9000", None) == ("::1", 9000)
-  assert bind_address("localhost:9000", "0.0.0.0") == ("0.0.0.0", 9000)
-  assert bind_address("localhost:9000", "0.0.0.0:9100") == ("0.0.0.0", 9100)
-  assert bind_address("localhost:9000", "[::]") == ("::", 9000)
+  parse = lambda raw: _env.parse_bind_address("JDTENSOR_COORDINATOR_BIND_ADDRESS", raw)
+  assert bind_address("localhost:9000", None, None) == ("127.0.0.1", 9000)
+  assert bind_address("10.1.2.3:9000", None, None) == ("10.1.2.3", 9000)
+  assert bind_address("[::1]:9000", None, None) == ("::1", 9000)
+  assert bind_address("localhost:9000", *parse("0.0.0.0")) == ("0.0.0.0", 9000)
+  assert bind_address("localhost:9000", *parse("0.0.0.0:9100")) == ("0.0.0.0", 9100)
+  assert bind_address("localhost:9000", *parse("[::]")) == ("::", 9000)
+  assert bind_address("localhost:9000", *parse("::")) == ("::", 9000)
+  assert bind_address("localhost:9000", *parse(":9100")) == ("127.0.0.1", 9100)
+
+
+@pytest.mark.parametrize("raw,message", [
+    ("127.0.0.1:99999", "JDTENSOR_COORDINATOR_BIND_ADDRESS='127.0.0.1:99999' has an "
+     "invalid port '99999' (expected 1..65535 in ASCII digits)."),
+    (":0", "JDTENSOR_COORDINATOR_BIND_ADDRESS=':0' has an invalid port '0' "
+     "(expected 1..65535 in ASCII digits)."),
+    ("h:٤٥", "JDTENSOR_COORDINATOR_BIND_ADDRESS='h:٤٥' has an invalid port '٤٥' "
+     "(expected 1..65535 in ASCII digits)."),
+    (" ", "JDTENSOR_COORDINATOR_BIND_ADDRESS=' ' is empty; give a host, host:port "
+     "or [IPv6]:port, or unset it."),
+    ("a" * 64 + ":5", "JDTENSOR_COORDINATOR_BIND_ADDRESS='" + "a" * 64 + ":5' has "
+     "an invalid host '" + "a" * 64 + "': each dot-separated part of a host name "
+     "has 1 to 63 characters."),
+    ("hö:5", "JDTENSOR_COORDINATOR_BIND_ADDRESS='hö:5' has an invalid host 'hö': "
+     "it may hold only ASCII letters, digits, '.', '-' and '_', or be [IPv6]."),
+], ids=["port-too-big", "port-zero", "port-arabic-digits", "blank", "long-label",
+        "non-ascii"])
+def test_bind_address_is_strict(raw, message):
+  with pytest.raises(ConfigError) as e:
+    _env.parse_bind_address("JDTENSOR_COORDINATOR_BIND_ADDRESS", raw)
+  assert str(e.value) == message
+
+
+def test_bind_address_must_be_a_string():
+  with pytest.raises(TypeError) as e:
+    _env.parse_bind_address("coordinator_bind_address", 12345)
+  assert str(e.value) == ("coordinator_bind_address must be a str like 'host', "
+                          "'host:port' or '[::1]:port', got 12345 of type int.")

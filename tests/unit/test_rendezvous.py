@@ -1,0 +1,170 @@
+"""The start-up handshake with threads as clients (no JAX, no processes)."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from jdtensor import _rendezvous
+from jdtensor._rendezvous import Hello, rendezvous
+from jdtensor.errors import StartupError, StartupTimeoutError
+from jdtensor.launcher import free_ports
+
+SECRET = "0123456789abcdef" * 2
+
+
+def cluster(n=2):
+  ports = free_ports(n)
+  return tuple(f"localhost:{p}" for p in ports)
+
+
+def hello(jobs, client, devices=2, **settings):
+  return Hello(client, len(jobs), jobs, devices, True,
+               tuple(sorted({"DTENSOR_JOB_NAME": "worker", **settings}.items())))
+
+
+def meet(hellos, secrets, timeout=5.0):
+  """Runs every client's rendezvous in a thread; their results (or errors)."""
+  jobs = hellos[0].jobs
+  out = [None] * len(hellos)
+
+  def run(i):
+    try:
+      out[i] = rendezvous(hellos[i], jobs[0], ("127.0.0.1", int(jobs[0].rsplit(":", 1)[1])),
+                          timeout, secrets[i])
+    except Exception as e:  # pylint: disable=broad-except
+      out[i] = e
+  threads = [threading.Thread(target=run, args=(i,)) for i in range(len(hellos))]
+  threads[0].start()
+  time.sleep(0.05)
+  for t in threads[1:]:
+    t.start()
+  for t in threads:
+    t.join(timeout + 5)
+  return out
+
+
+def connect_when_up(port, timeout=5.0):
+  """A connection to client 0 once it listens."""
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      return socket.create_connection(("127.0.0.1", port))
+    except OSError:
+      assert time.monotonic() < deadline, "client 0 never listened"
+      time.sleep(0.02)
+
+
+def close(meetings):
+  for m in meetings:
+    if isinstance(m, _rendezvous.Meeting):
+      for sock in m.links._sockets.values():
+        sock.close()
+      if m.heartbeat_socket is not None:
+        m.heartbeat_socket.close()
+
+
+def test_authenticated_clients_meet_and_share_the_heartbeat_port():
+  jobs = cluster(3)
+  out = meet([hello(jobs, c) for c in range(3)], [SECRET] * 3)
+  try:
+    assert all(isinstance(m, _rendezvous.Meeting) for m in out), out
+    assert len({m.heartbeat_port for m in out}) == 1
+    assert out[0].heartbeat_socket is not None
+  finally:
+    close(out)
+
+
+def test_unauthenticated_clients_still_meet():
+  jobs = cluster(2)
+  out = meet([hello(jobs, c) for c in range(2)], [None, None])
+  try:
+    assert all(isinstance(m, _rendezvous.Meeting) for m in out), out
+  finally:
+    close(out)
+
+
+def test_a_wrong_secret_is_refused_and_client_0_keeps_waiting():
+  jobs = cluster(2)
+  out = meet([hello(jobs, 0), hello(jobs, 1)], [SECRET, "x" * 32], timeout=2)
+  assert isinstance(out[1], StartupError)
+  assert "start-up refused by client 0: this is client 0 of another run" in str(out[1])
+  assert isinstance(out[0], StartupTimeoutError)  # Still waiting for the real one.
+
+
+def test_settings_that_differ_are_named_with_both_values():
+  jobs = cluster(2)
+  out = meet([hello(jobs, 0, JDTENSOR_HEARTBEAT_PERIOD=0.5),
+              hello(jobs, 1, JDTENSOR_HEARTBEAT_PERIOD=30.0)], [SECRET] * 2)
+  message = ("Client 1 has JDTENSOR_HEARTBEAT_PERIOD=30.0 but client 0 has 0.5; "
+             "set JDTENSOR_HEARTBEAT_PERIOD the same on every client.")
+  assert str(out[0]) == message
+  assert str(out[1]) == f"Client 1: start-up refused by client 0: {message}"
+
+
+def test_unauthenticated_errors_do_not_show_client_0s_values():
+  jobs = cluster(2)
+  out = meet([hello(jobs, 0, devices=2), hello(jobs, 1, devices=3)], [None, None])
+  assert str(out[0]) == ("Client 1 has 3 local devices but client 0 has 2; DTensor "
+                         "meshes need the same number of devices on every client.")
+  assert str(out[1]) == ("Client 1: start-up refused by client 0: Client 1 has 3 "
+                         "local devices, which differs from client 0's; DTensor "
+                         "meshes need the same number on every client.")
+
+
+@pytest.mark.parametrize("data,reason", [
+    (b"[]\n", "it sent a frame that is not a JSON object"),
+    (b"not json\n", "it sent a frame that is not JSON"),
+    (b'{"jdtensor": 2}\n', "it sent a malformed authentication"),
+    (b"x" * (_rendezvous.MAX_FRAME + 10), "it sent more than 65536 bytes without a "
+     "line end"),
+], ids=["list", "text", "incomplete", "oversized"])
+def test_garbage_is_refused_without_stopping_client_0(data, reason, caplog):
+  jobs = cluster(2)
+  port = int(jobs[0].rsplit(":", 1)[1])
+  out = [None]
+
+  def serve():
+    try:
+      out[0] = rendezvous(hello(jobs, 0), jobs[0], ("127.0.0.1", port), 5, SECRET)
+    except Exception as e:  # pylint: disable=broad-except
+      out[0] = e
+  t = threading.Thread(target=serve)
+  t.start()
+  rogue = connect_when_up(port)
+  with rogue, caplog.at_level("WARNING", logger="jdtensor"):
+    rogue.recv(4096)  # The challenge.
+    try:
+      rogue.sendall(data)
+    except OSError:
+      pass
+    time.sleep(0.3)
+    real = rendezvous(hello(jobs, 1), jobs[0], ("127.0.0.1", port), 5, SECRET)
+    t.join(10)
+  try:
+    assert isinstance(out[0], _rendezvous.Meeting), out[0]
+    assert any(reason in r.getMessage() for r in caplog.records), caplog.text
+  finally:
+    close([out[0], real])
+
+
+def test_the_challenge_says_nothing_about_the_cluster():
+  jobs = cluster(2)
+  port = int(jobs[0].rsplit(":", 1)[1])
+  t = threading.Thread(target=lambda: meet_quietly(jobs, port), daemon=True)
+  t.start()
+  s = connect_when_up(port)
+  with s:
+    challenge = json.loads(s.recv(4096))
+  assert sorted(challenge) == ["auth", "jdtensor", "nonce", "run"]
+  assert challenge["run"] == _rendezvous.run_id(SECRET) and challenge["auth"] is True
+  t.join(5)
+
+
+def meet_quietly(jobs, port):
+  try:
+    rendezvous(hello(jobs, 0), jobs[0], ("127.0.0.1", port), 1.5, SECRET)
+  except StartupTimeoutError:
+    pass
