@@ -2,7 +2,7 @@
 
     python benchmarks/run_all.py [--repeats N] [--only SECTION,...]
 
-``--only`` reruns the named sections (startup, ring, heartbeat, faults) and
+``--only`` reruns the named sections (startup, ring, heartbeat, api, faults) and
 keeps the others as they are in RESULTS.md, each with the date it was made.
 
 Every figure is measured side by side with its baseline in the same run
@@ -23,7 +23,7 @@ import platform  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 
-from benchmarks import bench_heartbeat, bench_ring, bench_startup  # noqa: E402
+from benchmarks import bench_api, bench_heartbeat, bench_ring, bench_startup  # noqa: E402
 from benchmarks._timing import machine  # noqa: E402
 
 
@@ -54,6 +54,11 @@ SECTIONS = {  # key -> (title, intro)
                   "heartbeat off, period 1 s and 0.1 s, interleaved runs under "
                   "`jdtensor launch`. Targets: at most +0.1 s cold start, +30 MiB "
                   "per client, 0.5% of a core at period 1 s."),
+    "api": ("DTensor API on repeated calls",
+            "`python benchmarks/bench_api.py`: relayout, relayout_like, "
+            "call_with_layout, pack, unpack and fetch_layout against the plain "
+            "JAX each stands for, interleaved in one process. Target: at most 2x "
+            "plain JAX on repeated calls (each compiles once)."),
     "faults": ("Fault and bad-input suite",
                "Each case runs in fresh processes with a hard deadline and "
                "asserts a clear error, a bounded time and no leftover process."),
@@ -92,6 +97,7 @@ def main(argv=None) -> int:
       "startup": lambda: bench_startup.main(startup_args),
       "ring": lambda: bench_ring.main(["--repeats", str(args.repeats)]),
       "heartbeat": lambda: bench_heartbeat.main(["--repeats", str(args.repeats)]),
+      "api": lambda: bench_api.main(["--repeats", str(args.repeats)]),
       "faults": fault_suite,
   }
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")

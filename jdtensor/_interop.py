@@ -8,6 +8,9 @@ JAX device ids are never used as DTensor ids (process 1's CPU devices are
 
 from __future__ import annotations
 
+import collections
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -17,7 +20,9 @@ from jdtensor.device_spec import DeviceSpec
 from jdtensor.layout import _ANY, MATCH, UNSHARDED, Layout, LayoutType, Mesh
 
 __all__ = ["to_jax_mesh", "from_jax_mesh", "to_partition_spec",
-           "to_jax_sharding", "layout_from_jax_sharding", "resolve_device"]
+           "to_jax_sharding", "layout_from_jax_sharding", "resolve_device",
+           "local_jax_devices",
+           "remember_layout", "recorded_layout"]
 
 
 def resolve_device(device: str) -> Any:
@@ -79,10 +84,55 @@ def _mesh_devices(mesh: Mesh) -> list[Any]:
   return out
 
 
-# The jdtensor Mesh each JAX mesh was built from, so that a sharding's layout
-# comes back with its DTensor mesh (name included). A cache, not runtime state.
-_ORIGIN: dict[Any, Mesh] = {}
-_ORIGIN_LIMIT = 4096
+# Where a layout is found again (so that `fetch_layout` gives back the exact
+# Layout, mesh name and PARTED/STATIC type included). Caches, not runtime
+# state; each entry dies with what it describes:
+#
+# * the Layout of every array jdtensor made (pack, relayout, ...), by the
+#   array's identity, dropped when the array is collected;
+# * the Layout of every sharding `Layout.to_jax_sharding` made, by the
+#   sharding's identity (JAX keeps the sharding object through jit and
+#   device_put); the Layout holds its sharding, so the identity cannot be
+#   reused while the entry lives;
+# * the jdtensor Mesh most recently turned into each JAX mesh (meshes that
+#   differ only in name give equal JAX meshes), for shardings made by hand.
+_lock = threading.Lock()
+_ARRAY_LAYOUTS: dict[int, tuple[Any, Layout]] = {}
+_SHARDING_LAYOUTS: weakref.WeakValueDictionary[int, Layout] = (
+    weakref.WeakValueDictionary())
+_MESHES: collections.OrderedDict[Any, Mesh] = collections.OrderedDict()
+_MESHES_LIMIT = 4096
+
+
+def remember_layout(array: Any, layout: Layout) -> Any:
+  """Records that `array` has `layout`; returns `array`."""
+  key = id(array)
+  try:
+    ref = weakref.ref(array, lambda _, key=key: _ARRAY_LAYOUTS.pop(key, None))
+  except TypeError:  # Not weakly referenceable: nothing to remember.
+    return array
+  _ARRAY_LAYOUTS[key] = (ref, layout)
+  return array
+
+
+def recorded_layout(array: Any) -> Layout | None:
+  """The Layout jdtensor recorded for `array` or for its sharding, if any."""
+  entry = _ARRAY_LAYOUTS.get(id(array))
+  if entry is not None and entry[0]() is array:
+    return entry[1]
+  sharding = getattr(array, "sharding", None)
+  layout = _SHARDING_LAYOUTS.get(id(sharding))
+  if layout is not None and layout._jax_sharding is sharding:  # pylint: disable=protected-access
+    return layout
+  return None
+
+
+def _note_mesh(jax_mesh: Any, mesh: Mesh) -> None:
+  with _lock:
+    _MESHES.pop(jax_mesh, None)
+    _MESHES[jax_mesh] = mesh
+    while len(_MESHES) > _MESHES_LIMIT:
+      _MESHES.popitem(last=False)
 
 
 def to_jax_mesh(mesh: Mesh, axis_types: Any = None) -> Any:
@@ -107,8 +157,7 @@ def to_jax_mesh(mesh: Mesh, axis_types: Any = None) -> Any:
   array[:] = devices
   jax_mesh = jax.sharding.Mesh(array.reshape(mesh.shape()), tuple(names),
                                axis_types=tuple(axis_types))
-  if len(_ORIGIN) < _ORIGIN_LIMIT:
-    _ORIGIN.setdefault(jax_mesh, mesh)
+  _note_mesh(jax_mesh, mesh)
   return jax_mesh
 
 
@@ -150,14 +199,40 @@ def to_partition_spec(layout: Layout) -> Any:
   return PartitionSpec(*entries)
 
 
+def local_jax_devices(layout: Layout) -> list[Any]:
+  """This client's devices of `layout`'s mesh, in local-device-id order.
+
+  Read off the layout's (cached) sharding, so repeated pack and unpack calls
+  do not parse device strings again.
+  """
+  sharding = to_jax_sharding(layout)
+  mesh = layout.mesh
+  if layout.type == LayoutType.SINGLE_DEVICE or mesh.is_single_device():
+    return [resolve_device(d) for d in mesh.local_devices()]
+  flat = sharding.mesh.devices.flat
+  first = mesh.min_global_device_id()
+  return [flat[i - first] for i in mesh.local_device_ids()]
+
+
 def to_jax_sharding(layout: Layout) -> Any:
-  """``NamedSharding`` (or ``SingleDeviceSharding``) for `layout`."""
+  """``NamedSharding`` (or ``SingleDeviceSharding``) for `layout`.
+
+  Made once per Layout object (it keeps it) and recorded, so that arrays
+  with this sharding give this exact layout back.
+  """
   import jax  # pylint: disable=g-import-not-at-top
+  if layout._jax_sharding is not None:  # pylint: disable=protected-access
+    return layout._jax_sharding  # pylint: disable=protected-access
   if layout.type == LayoutType.SINGLE_DEVICE:
-    return jax.sharding.SingleDeviceSharding(
+    sharding = jax.sharding.SingleDeviceSharding(
         resolve_device(layout.mesh.single_device))
-  return jax.sharding.NamedSharding(layout.mesh.jax_mesh,
-                                    to_partition_spec(layout))
+  else:
+    jax_mesh = layout.mesh.jax_mesh
+    _note_mesh(jax_mesh, layout.mesh)
+    sharding = jax.sharding.NamedSharding(jax_mesh, to_partition_spec(layout))
+  layout._jax_sharding = sharding  # pylint: disable=protected-access
+  _SHARDING_LAYOUTS[id(sharding)] = layout
+  return sharding
 
 
 def layout_from_jax_sharding(sharding: Any, rank: int | None,
@@ -190,6 +265,12 @@ def layout_from_jax_sharding(sharding: Any, rank: int | None,
       raise ValueError(f"PartitionSpec {sharding.spec}: entry {entry!r} on "
                        f"tensor axis {axis} has no DTensor equivalent.")
   specs += [UNSHARDED] * (rank - len(specs))
+  layout_type = LayoutType.STATIC
   if mesh is None:
-    mesh = _ORIGIN.get(sharding.mesh) or Mesh.from_jax_mesh(sharding.mesh)
-  return Layout(specs, mesh)
+    origin = _SHARDING_LAYOUTS.get(id(sharding))
+    if origin is not None and origin._jax_sharding is sharding:  # pylint: disable=protected-access
+      mesh, layout_type = origin.mesh, origin.type
+    else:
+      mesh = _MESHES.get(sharding.mesh) or Mesh.from_jax_mesh(sharding.mesh)
+  layout = Layout(specs, mesh)
+  return layout.to_parted() if layout_type == LayoutType.PARTED else layout

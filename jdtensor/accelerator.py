@@ -47,6 +47,7 @@ __all__ = [
     "shutdown_tpu_system",
     "is_initialized",
     "dtensor_initialize_multi_client",
+    "dtensor_initialize_tpu_system",
     "initialize_multi_client_cluster",
 ]
 
@@ -202,12 +203,44 @@ def dtensor_initialize_multi_client(
     initialize_accelerator_system()
 
 
+def dtensor_initialize_tpu_system(enable_coordination_service: bool = False
+                                  ) -> None:
+  """The seed's ``dtensor_initialize_tpu_system`` (TF 2.9/2.10), on JAX.
+
+  Multi-client when ``DTENSOR_JOB_NAME`` is not ``localhost`` (its default
+  here, as in the seed): the cluster comes from ``DTENSOR_JOBS`` and
+  ``DTENSOR_CLIENT_ID`` through `initialize_multi_client_cluster`. Then
+  DTensor's TPU system set-up: local core ids, merged across clients by a
+  psum (simulated TPU slices work too).
+
+  Raises:
+    ValueError: The seed's message when ``DTENSOR_JOBS`` is missing in
+      multi-client mode, and any invalid DTENSOR_* variable.
+  """
+  name = os.environ.get(_env.DTENSOR_JOB_NAME, "localhost")
+  if name != "localhost":
+    jobs = _env.jobs()
+    if not jobs:
+      # Seed-compatible message (the missing space is the seed's).
+      raise ValueError("DTENSOR_JOBS environment variable is required when"
+                       "using multi-client to properly set up communications "
+                       "between servers")
+    initialize_multi_client_cluster(
+        job_name=name, dtensor_jobs=jobs, client_id=_env.client_id(),
+        collective_leader=f"{name}/replica:0/task:0",
+        enable_coordination_service=enable_coordination_service,
+        _device_type="TPU")
+  else:
+    initialize_accelerator_system("TPU")
+
+
 def initialize_multi_client_cluster(job_name: str,
                                     dtensor_jobs: list[str],
                                     client_id: int,
                                     collective_leader: str,
                                     port: int | None = None,
-                                    enable_coordination_service: bool = False
+                                    enable_coordination_service: bool = False,
+                                    *, _device_type: str | None = None
                                     ) -> None:
   """The seed's ``initialize_multi_client_cluster`` (TF 2.10), on JAX.
 
@@ -257,4 +290,4 @@ def initialize_multi_client_cluster(job_name: str,
       job_name=job_name, heartbeat_enabled=_env.read_bool(
           _env.DTENSOR_ENABLE_HEARTBEAT, True),
       gpu_use_nccl_communication=False)
-  _initialize(cluster=cluster)
+  _initialize(cluster=cluster, device_type=_device_type)

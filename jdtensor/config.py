@@ -7,14 +7,19 @@ driver exposes (``/dev/nvidia<N>``, ``/dev/accel<N>``, ``/dev/vfio/<N>``), as
 TF's ``list_physical_devices`` does. Once the backend has started they count
 the real devices.
 
-The environment is read at call time (as DTensor does) and parsed strictly;
-see `jdtensor._env` for the differences from TF.
+Before initialisation the environment is read at call time (as DTensor
+does) and parsed strictly; see `jdtensor._env` for the differences from TF.
+After `initialize_accelerator_system` (or `initialize_multi_client_cluster`
+with explicit arguments, or a detected cluster), every function answers from
+the runtime's one cluster record instead, so "who am I" has one answer, the
+one JAX runs with.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping
 
 from jdtensor import _env
@@ -37,13 +42,22 @@ __all__ = [
 ]
 
 
+def _initialized_cluster() -> _env.ClusterEnv | None:
+  """The cluster the runtime was initialised with; None before (no jax)."""
+  runtime = sys.modules.get("jdtensor.runtime")
+  if runtime is None or not runtime.is_initialized():
+    return None
+  return runtime.state().env
+
+
 def client_id() -> int:
   """This client's id, from ``DTENSOR_CLIENT_ID`` (default 0).
 
   Raises:
     ValueError: If it is not an integer in ``[0, num_clients())``.
   """
-  return _env.client_id()
+  cluster = _initialized_cluster()
+  return cluster.client_id if cluster else _env.client_id()
 
 
 def num_clients() -> int:
@@ -53,12 +67,14 @@ def num_clients() -> int:
     ValueError: If ``DTENSOR_JOBS`` is malformed, or the legacy
       ``DTENSOR_NUM_CLIENTS`` disagrees with it.
   """
-  return _env.num_clients()
+  cluster = _initialized_cluster()
+  return cluster.num_clients if cluster else _env.num_clients()
 
 
 def job_name() -> str:
   """``DTENSOR_JOB_NAME``; default ``localhost`` (1 client) or ``worker``."""
-  return _env.job_name()
+  cluster = _initialized_cluster()
+  return cluster.job_name if cluster else _env.job_name()
 
 
 def full_job_name(task_id: int | None = None) -> str:
@@ -81,7 +97,8 @@ def full_job_name(task_id: int | None = None) -> str:
 
 def jobs() -> list[str]:
   """The ``DTENSOR_JOBS`` entries, in client order; ``[]`` in local mode."""
-  return _env.jobs()
+  cluster = _initialized_cluster()
+  return list(cluster.jobs) if cluster else _env.jobs()
 
 
 def is_local_mode() -> bool:
@@ -91,7 +108,9 @@ def is_local_mode() -> bool:
 
 def heartbeat_enabled() -> bool:
   """``DTENSOR_ENABLE_HEARTBEAT`` (default true)."""
-  return _env.read_bool(_env.DTENSOR_ENABLE_HEARTBEAT, True)
+  cluster = _initialized_cluster()
+  return (cluster.heartbeat_enabled if cluster else
+          _env.read_bool(_env.DTENSOR_ENABLE_HEARTBEAT, True))
 
 
 def gpu_use_nccl_communication() -> bool:
@@ -99,7 +118,9 @@ def gpu_use_nccl_communication() -> bool:
 
   JAX always uses NCCL for GPU collectives; this is kept for compatibility.
   """
-  return _env.read_bool(_env.DTENSOR_GPU_USE_NCCL_COMMUNICATION, False)
+  cluster = _initialized_cluster()
+  return (cluster.gpu_use_nccl_communication if cluster else
+          _env.read_bool(_env.DTENSOR_GPU_USE_NCCL_COMMUNICATION, False))
 
 
 def use_multi_device_mode() -> bool:

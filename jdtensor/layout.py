@@ -533,13 +533,15 @@ class Mesh:
     return self._single_device or ""
 
   def host_mesh(self) -> Mesh:
-    """The same mesh on CPU devices; drops the name and use_xla_spmd (as DTensor)."""
-    def to_cpu(devices: Sequence[str]) -> list[str]:
-      return [DeviceSpec.from_string(d).make_merged_spec(
-          DeviceSpec(device_type="CPU")).to_string() for d in devices]
-    return Mesh(self.dim_names, self.global_device_ids(), self.local_device_ids(),
-                to_cpu(self._local_devices), global_devices=to_cpu(
-                    self._global_devices) or None)
+    """The same ids on this client's devices re-typed to CPU.
+
+    As DTensor: drops the name, ``use_xla_spmd`` and the global device list,
+    so a mesh with no device of this client becomes ``|x=2|0,1||``.
+    """
+    local = [DeviceSpec.from_string(d).make_merged_spec(
+        DeviceSpec(device_type="CPU")).to_string() for d in self._local_devices]
+    return Mesh._from_fields("", list(self._dim_names), self._global_ids,
+                             list(self._local_ids), local, [], False)
 
   def to_string(self) -> str:
     """DTensor's exact string form, e.g. ``|x=2|0,1|0,1|/job:...CPU:0,/job:...CPU:1``."""
@@ -578,6 +580,44 @@ class Mesh:
 
   def __reduce__(self) -> tuple[Any, ...]:
     return Mesh.from_string, (self.to_string(),)
+
+  # -- protos ------------------------------------------------------------------------
+
+  def as_proto(self) -> Any:
+    """DTensor's ``MeshProto`` (`jdtensor._proto.MeshProto`: the same fields,
+    and ``SerializeToString`` gives TF's bytes)."""
+    from jdtensor import _proto  # pylint: disable=g-import-not-at-top
+    return _proto.MeshProto(
+        mesh_dimensions=[_proto.MeshDimensionProto(n, s)
+                         for n, s in zip(self._dim_names, self.shape())],
+        global_device_ids=[int(i) for i in self._global_ids.flat],
+        name=self._name, local_device_ids=list(self._local_ids),
+        local_devices=list(self._local_devices),
+        global_devices=list(self._global_devices),
+        use_xla_spmd=self._use_xla_spmd, single_device=self._single_device or "")
+
+  @classmethod
+  def from_proto(cls, proto: Any) -> Mesh:
+    """The mesh of a ``MeshProto``: jdtensor's, TF's (any object with
+    ``SerializeToString``), or its serialized bytes.
+
+    Raises:
+      ValueError: For malformed bytes, or a proto the mesh checks reject.
+      TypeError: For anything else.
+    """
+    from jdtensor import _proto  # pylint: disable=g-import-not-at-top
+    proto = _proto.coerce(proto, _proto.MeshProto, "proto")
+    if proto.single_device:
+      return cls.from_device(proto.single_device)
+    dims = [(d.name, d.size) for d in proto.mesh_dimensions]
+    total = int(np.prod([s for _, s in dims])) if dims else 0
+    if total > MAX_MESH_SIZE or any(s < 0 for _, s in dims):
+      raise ValueError(f"MeshProto describes {total:,} devices; jdtensor supports "
+                       f"0 to {MAX_MESH_SIZE:,}.")
+    return cls._get_mesh(f"MeshProto({proto.name!r})", proto.name, dims,
+                         list(proto.global_device_ids),
+                         list(proto.local_device_ids), list(proto.local_devices),
+                         list(proto.global_devices), proto.use_xla_spmd)
 
   # -- JAX interop ----------------------------------------------------------------
 
@@ -665,6 +705,7 @@ class Layout:
     self._specs = tuple(specs)
     self._mesh = mesh
     self._type = layout_type
+    self._jax_sharding: Any = None  # Made once by to_jax_sharding.
 
   @classmethod
   def _from_fields(cls, specs: list[str], mesh: Mesh,
@@ -813,6 +854,24 @@ class Layout:
     """True for a single-device layout."""
     return self._type == LayoutType.SINGLE_DEVICE
 
+  def unravel(self, unpacked_tensors: Sequence[Any]) -> np.ndarray:
+    """Arranges one shard per mesh device (in offset order, as `unpack` of
+    every client would give) by shard position: an object ndarray of shape
+    ``[num_shards(i) for i in range(rank)]`` (TF DTensor's ``Layout.unravel``).
+
+    Raises:
+      ValueError: If there is not one tensor per device of the mesh.
+    """
+    offsets = self.offset_to_shard()
+    if len(unpacked_tensors) != len(offsets):
+      raise ValueError(f"unravel: got {len(unpacked_tensors)} tensors, but the "
+                       f"mesh has {len(offsets)} devices; pass one per device, "
+                       "in device-offset order.")
+    out = np.empty([self.num_shards(i) for i in range(self.rank)], dtype=object)
+    for offset, location in enumerate(offsets):
+      out[tuple(location)] = unpacked_tensors[offset]
+    return out
+
   def to_parted(self) -> Layout:
     """The same specs as a PARTED layout."""
     return Layout._from_fields(list(self._specs), self._mesh, LayoutType.PARTED)
@@ -898,6 +957,38 @@ class Layout:
 
   def __reduce__(self) -> tuple[Any, ...]:
     return Layout.from_string, (self.to_string(),)
+
+  # -- protos ------------------------------------------------------------------------
+
+  def as_proto(self) -> Any:
+    """DTensor's ``LayoutProto`` (`jdtensor._proto.LayoutProto`; its
+    ``SerializeToString`` gives TF's bytes)."""
+    from jdtensor import _proto  # pylint: disable=g-import-not-at-top
+    return _proto.LayoutProto(
+        sharding_specs=[_proto.ShardingSpec(s) for s in self._specs],
+        mesh_config=self._mesh.as_proto(),
+        type=_proto.LAYOUT_TYPES[self._type.value])
+
+  @classmethod
+  def from_proto(cls, layout_proto: Any) -> Layout:
+    """The layout of a ``LayoutProto``: jdtensor's, TF's, or its bytes.
+
+    Raises:
+      ValueError: For malformed bytes or an unknown layout type.
+      TypeError: For anything else.
+    """
+    from jdtensor import _proto  # pylint: disable=g-import-not-at-top
+    proto = _proto.coerce(layout_proto, _proto.LayoutProto, "layout_proto")
+    mesh = Mesh.from_proto(proto.mesh_config)
+    kinds = {v: k for k, v in _proto.LAYOUT_TYPES.items()}
+    kind = kinds.get(proto.type)
+    if kind in (None, "UNKNOWN"):
+      raise ValueError(f"LayoutProto has layout type {proto.type}, which is not "
+                       "STATIC (1), PARTED (2) or SINGLE_DEVICE (3).")
+    if kind == "SINGLE_DEVICE":
+      return cls.from_single_device_mesh(mesh)
+    layout = cls([s.sharding_spec for s in proto.sharding_specs], mesh)
+    return layout.to_parted() if kind == "PARTED" else layout
 
   # -- JAX interop -----------------------------------------------------------------
 

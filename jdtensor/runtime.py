@@ -258,13 +258,15 @@ def initialize(device_type: str | None = None,
           "Accelerator system has already been initialized. Call "
           "tf.experimental.dtensor.shutdown_accelerator_system() first.")
     if cluster is None:
+      # Detection fills in only what the user left unset. It does not write
+      # os.environ: the config functions answer from this record once
+      # initialised, and child processes get the exports only when asked
+      # (`jdtensor env`).
       exports = _cluster.resolve(method=cluster_detection)
       if exports:
-        # Only variables the user left unset; config functions and child
-        # processes then see the same cluster as the runtime.
-        logging.info("jdtensor: cluster detected, exporting %s", exports)
-        os.environ.update(exports)
-    env = cluster if cluster is not None else _env.read_cluster_env()
+        logging.info("jdtensor: cluster detected: %s", exports)
+      cluster = _env.read_cluster_env({**os.environ, **exports})
+    env = cluster
     timeouts = _env.read_timeouts(init=init_timeout, heartbeat=heartbeat_timeout,
                                   shutdown=shutdown_timeout)
     # Parsed now: a bad value fails before the cluster forms, naming itself.

@@ -206,6 +206,34 @@ def scenario_detected():
   mesh = jdtensor.create_distributed_mesh([("x", jdtensor.num_clients())])
   jdtensor.barrier(mesh, timeout_in_ms=30_000)
   result("detected", [jdtensor.client_id(), jdtensor.jobs(), mesh.to_string()])
+  # Detection does not write the environment behind the user's back.
+  result("environ_untouched", not any(k.startswith("DTENSOR_") for k in os.environ))
+
+
+def scenario_explicit_cluster():
+  """No DTENSOR_*: the cluster is given as arguments (the seed's API)."""
+  import jdtensor
+  jobs = os.environ["CLUSTER_JOBS"].split(",")
+  me = int(os.environ["CLUSTER_ME"])
+  jdtensor.initialize_multi_client_cluster(
+      job_name="trainer", dtensor_jobs=jobs, client_id=me,
+      collective_leader="trainer/replica:0/task:0")
+  mesh = jdtensor.create_distributed_mesh([("x", len(jobs))])
+  jdtensor.barrier(mesh, timeout_in_ms=30_000)
+  result("who", [jdtensor.client_id(), jdtensor.num_clients(), jdtensor.job_name(),
+                 jdtensor.jobs(), jdtensor.full_job_name(), mesh.local_devices(),
+                 [str(d) for d in jdtensor.local_devices("CPU")],
+                 jdtensor.device_name()])
+
+
+def scenario_seed_tpu_init():
+  """The seed's dtensor_initialize_tpu_system on a simulated TPU slice."""
+  import jdtensor
+  from jdtensor import runtime
+  jdtensor.dtensor_initialize_tpu_system()
+  topo = runtime.state().tpu_topology
+  result("seed_tpu", [runtime.state().device_type, list(topo.core_ids),
+                      jdtensor.num_global_devices("TPU")])
 
 
 def _user_psum_setup():

@@ -5,8 +5,8 @@ import io
 import pytest
 
 from jdtensor import launcher
-from tests.helpers import (CLIENT, TEST_TIMEOUTS, cluster_env, finish, free_port,
-                           parse_results, start_clients)
+from tests.helpers import (CLIENT, TEST_TIMEOUTS, clean_env, cluster_env, finish,
+                           free_port, parse_results, run_python, start_clients)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -151,3 +151,54 @@ def test_cluster_from_slurm_environment():
     assert r[task]["detected"] == [
         task, [f"localhost:{port}", f"localhost:{port + 1}"],
         f"|x=2|0,1|{task}|/job:worker/replica:0/task:{task}/device:CPU:0"]
+    assert r[task]["environ_untouched"] is True
+
+
+def test_one_answer_to_who_am_i_after_an_explicit_cluster():
+  """initialize_multi_client_cluster(job_name="trainer", ..., client_id=1)
+  with no DTENSOR_* set: every config function and mesh says client 1 of
+  "trainer", as JAX runs it (before the fix: client 0 of 1, "localhost")."""
+  jobs = [f"localhost:{free_port()}" for _ in range(2)]
+  envs = []
+  for c in (0, 1):
+    env = cluster_env(jobs, c)
+    del env["DTENSOR_JOBS"], env["DTENSOR_CLIENT_ID"]
+    env.update(CLUSTER_JOBS=",".join(jobs), CLUSTER_ME=str(c))
+    envs.append(env)
+  results = finish(start_clients("explicit_cluster", envs), timeout=90)
+  for c, res in enumerate(results):
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = parse_results("\n".join(f"[client {c}] {l}" for l in res.stdout.splitlines()))
+    device = f"/job:trainer/replica:0/task:{c}/device:CPU:0"
+    assert r[c]["who"] == [c, 2, "trainer", jobs, f"trainer/replica:0/task:{c}",
+                           [device], [device],
+                           f"/job:trainer/replica:0/task:{c}/device:CUSTOM:0"]
+
+
+def test_seed_dtensor_initialize_tpu_system_merges_core_ids():
+  jobs = [f"localhost:{free_port()}" for _ in range(2)]
+  envs = [cluster_env(jobs, c, devices=8, DTENSOR_JOB_NAME="worker",
+                      JDTENSOR_SIMULATED_TPU_TOPOLOGY="2x4x1x2") for c in (0, 1)]
+  results = finish(start_clients("seed_tpu_init", envs), timeout=90)
+  outs = []
+  for c, res in enumerate(results):
+    assert res.returncode == 0, res.stdout + res.stderr
+    outs.append(parse_results("\n".join(f"[client {c}] {l}"
+                                         for l in res.stdout.splitlines()))[c])
+  assert outs[0]["seed_tpu"] == outs[1]["seed_tpu"]
+  device_type, core_ids, total = outs[0]["seed_tpu"]
+  assert device_type == "TPU" and total == 16 and sorted(core_ids) == list(range(16))
+
+
+def test_seed_dtensor_initialize_tpu_system_needs_dtensor_jobs():
+  res = run_python("""
+      import jdtensor
+      try:
+        jdtensor.dtensor_initialize_tpu_system()
+      except ValueError as e:
+        print("ERR", e)
+      """, env=clean_env(DTENSOR_JOB_NAME="worker"))
+  assert res.returncode == 0, res.stderr
+  assert res.stdout.strip() == (
+      "ERR DTENSOR_JOBS environment variable is required whenusing multi-client "
+      "to properly set up communications between servers")
