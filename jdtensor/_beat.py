@@ -73,7 +73,7 @@ _TICK = 1.0
 # Seconds client 0, which hosts the coordination services, waits for the
 # other clients' processes to end before its own exit (their JAX clients
 # abort the moment the service is gone).
-_HOST_EXIT_WAIT = 5.0
+HOST_EXIT_WAIT = 5.0
 
 
 def exit_grace_for(period: float) -> float:
@@ -529,7 +529,7 @@ class Heartbeat:
       sys.stderr.write(message + "\n")
       sys.stderr.flush()
       if self.client_id == 0:  # Hosts the services: leave last.
-        self._wait_peers_gone(_HOST_EXIT_WAIT, error.client_ids)
+        self._wait_peers_gone(HOST_EXIT_WAIT, error.client_ids)
       self._terminate(exit_code)
       return
     logging.error("%s", message)

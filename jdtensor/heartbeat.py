@@ -54,7 +54,7 @@ from jdtensor import _logging as logging
 
 from jdtensor import _env, runtime
 from jdtensor._beat import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, OWN_FAILURE_EXIT_CODE,
-                            POLICIES, ROLL_CALL_GRACE, Heartbeat)
+                            HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE, Heartbeat)
 from jdtensor._departure import Departure, ExitGuard
 from jdtensor._flight import MainThreadRecorder, format_stacks
 
@@ -331,6 +331,12 @@ def _leave(departure: Departure) -> bool:
     sys.stderr.write(f"jdtensor: client {me} {departure.why}; the other clients "
                      "have been told.\n")
     sys.stderr.flush()
+    if me == 0 and links is not None:
+      # Client 0 hosts the coordination service: ending it now would abort
+      # clients still on their own way out inside JAX (a C++ fatal error)
+      # before their exit code and reason are out. Bounded: a client that
+      # does not leave is ended by JAX when the service goes.
+      links.wait_peers_gone(HOST_EXIT_WAIT)
     return False
   if links is not None:
     links.announce_departure(0, departure.why, False)

@@ -1,12 +1,14 @@
 """A training-like client whose client 1 misbehaves at step 3.
 
-    MISBEHAVE=exception|exit0|exit3|stall|gil|sigstop|none python failure_client.py
+    MISBEHAVE=exception|exit0|exit3|stall|gil|sigstop|none [MISBEHAVING_CLIENT=1] \
+      python failure_client.py
 
 Every client runs STEPS steps of a psum over a `jax.make_mesh` mesh of every
-device and checks each result. At step 3, client 1 raises, calls sys.exit,
-sleeps in its own code (a stuck data loader), holds the GIL in C for
-GIL_SECONDS, or stops itself for STOP_SECONDS (a helper sends SIGCONT). It
-prints ``MISBEHAVING <unix time>`` first, so tests can time what follows.
+device and checks each result. At step 3, client 1 (or MISBEHAVING_CLIENT,
+or "all") raises, calls sys.exit, sleeps in its own code (a stuck data loader), holds
+the GIL in C for GIL_SECONDS, or stops itself for STOP_SECONDS (a helper
+sends SIGCONT). It prints ``MISBEHAVING <unix time>`` first, so tests can
+time what follows.
 """
 
 import ctypes
@@ -28,6 +30,9 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 n, k, local = jax.process_count(), jax.process_index(), jax.local_device_count()
+# "all": every client misbehaves, the others LATE_SECONDS after client 0.
+bad = os.environ.get("MISBEHAVING_CLIENT", "1")
+bad = k if bad == "all" else int(bad)
 mesh = jax.make_mesh((n, local), ("b", "m"))
 psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, ("b", "m")), mesh=mesh,
                              in_specs=P("b", "m"), out_specs=P()))
@@ -37,12 +42,14 @@ x = jax.make_array_from_callback((n, local), NamedSharding(mesh, P("b", "m")),
 
 def next_batch(step):
   """Where a stuck data loader would sit."""
-  if k == 1 and step == 3 and os.environ.get("MISBEHAVE") == "stall":
+  if k == bad and step == 3 and os.environ.get("MISBEHAVE") == "stall":
     time.sleep(600)
   return step
 
 
 def misbehave(what):
+  if k != 0:
+    time.sleep(float(os.environ.get("LATE_SECONDS", "0")))
   print(f"MISBEHAVING {time.time():.3f}", flush=True)
   if what == "exception":
     return 1 / 0
@@ -64,9 +71,9 @@ from jdtensor import heartbeat  # noqa: E402
 if heartbeat.current() is not None:  # Misbehave in the steady state.
   heartbeat.current().ready.wait(60)
 for step in range(int(os.environ.get("STEPS", "30"))):
-  if k == 1 and step == 3 and what != "stall":
+  if k == bad and step == 3 and what != "stall":
     misbehave(what)
-  if k == 1 and step == 3 and what == "stall":
+  if k == bad and step == 3 and what == "stall":
     print(f"MISBEHAVING {time.time():.3f}", flush=True)
   next_batch(step)
   y = psum(x)  # Held while read, as user code does (e.g. `float(loss)`).

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from jdtensor import heartbeat
+from jdtensor._beat import HOST_EXIT_WAIT
 from tests.helpers import REPO, launch_clients
 
 pytestmark = pytest.mark.multiprocess
@@ -22,11 +23,13 @@ CLIENT = os.path.join(REPO, "tests", "multiprocess", "failure_client.py")
 FAST = {"JDTENSOR_HEARTBEAT_PERIOD": "0.5"}
 
 
-def run(misbehave, timeout=90, **env):
+def run(misbehave, timeout=90, client=1, **env):
   res, out, err, ended = launch_clients([sys.executable, CLIENT], 3, 2,
                                         timeout=timeout, MISBEHAVE=misbehave,
+                                        MISBEHAVING_CLIENT=str(client),
                                         **{**FAST, **env})
-  stamps = re.findall(r"^\[client 1\] MISBEHAVING ([\d.]+)$", out, re.M)
+  first = 0 if client == "all" else client
+  stamps = re.findall(rf"^\[client {first}\] MISBEHAVING ([\d.]+)$", out, re.M)
   return res, out, err, ended, stamps
 
 
@@ -61,6 +64,43 @@ def test_an_exception_stops_everyone_within_5s_naming_it():
     assert any(re.fullmatch(rf"heartbeat: {why}( \(reported by client \d\))?; "
                             "stopping this client", line) for line in lines(err, c)), err
   assert "Shutdown barrier" not in err and "F1" not in err  # No C++ abort.
+
+
+def test_client_0_failing_lets_the_others_leave_with_their_own_reason():
+  """Client 0 hosts the coordination service: it leaves last, so the others
+  end with the heartbeat's verdict, not a C++ abort."""
+  res, out, err, ended, stamps = run("exception", client=0)
+  assert seconds_after_misbehaving(stamps, ended) < 5, err
+  assert res.exit_code == 1 and res.first_failure == 0, res.reason
+  assert res.returncodes[0] == 1
+  assert "F1" not in err and "Check failure" not in err, err  # No C++ abort.
+  for c in (1, 2):
+    assert res.returncodes[c] == heartbeat.EXIT_CODE, res.returncodes
+    assert any(line.startswith("heartbeat: client 0 failed: ZeroDivisionError")
+               for line in lines(err, c)), err
+
+
+def test_client_0_failing_without_a_heartbeat_waits_for_the_others():
+  """Without a heartbeat nobody stops the others; when they fail too, a
+  second later, each still ends with its own error, not a C++ abort."""
+  res, out, err, ended, stamps = run("exception", client="all", LATE_SECONDS="1",
+                                     DTENSOR_ENABLE_HEARTBEAT="false")
+  assert res.returncodes == [1, 1, 1], err
+  assert res.first_failure == 0, res.reason
+  assert "F1" not in err and "Check failure" not in err, err  # No C++ abort.
+  for c in (0, 1, 2):
+    assert any(line.startswith(f"jdtensor: client {c} failed: ZeroDivisionError")
+               for line in lines(err, c)), err
+  assert seconds_after_misbehaving(stamps, ended) < HOST_EXIT_WAIT, err
+
+
+def test_client_0_failing_without_a_heartbeat_still_ends_the_run():
+  """When the others do not leave, client 0's wait is bounded; then JAX's
+  coordination service ends them."""
+  res, out, err, ended, stamps = run("exception", client=0,
+                                     DTENSOR_ENABLE_HEARTBEAT="false")
+  assert seconds_after_misbehaving(stamps, ended) < HOST_EXIT_WAIT + 5, err
+  assert res.exit_code == 1 and res.first_failure == 0, res.reason
 
 
 @pytest.mark.parametrize("code", [3, 0])
