@@ -109,6 +109,18 @@ class BeatLayout:
     return merged[n + 1:2 * n + 1], merged[2 * n + 1:3 * n + 1], merged[3 * n + 1:]
 
 
+class _WakingEvent(threading.Event):
+  """The user's stop event; setting it also wakes the beat thread."""
+
+  def __init__(self, wake: threading.Event):
+    super().__init__()
+    self._wake = wake
+
+  def set(self) -> None:
+    super().set()
+    self._wake.set()
+
+
 class _Idle:
   """The recorder when none is given: running, or at exit once finished."""
   at_exit = False
@@ -214,7 +226,11 @@ class Heartbeat:
     self._close_timeout = close_timeout
     self._cpu = cpu_seconds
     self._clock = clock
-    self.event = threading.Event()  # Set by users to stop every client.
+    # Wakes the beat thread early: the stop, or this client reaching its end
+    # (so that a run whose clients end together agrees on it in one beat,
+    # not after up to a period).
+    self._wake = threading.Event()
+    self.event = _WakingEvent(self._wake)  # Set by users to stop every client.
     self.stopped = threading.Event()  # Set once the beat thread has ended.
     self.ready = threading.Event()  # Set once the first exchange is done.
     self.token = 0
@@ -330,7 +346,9 @@ class Heartbeat:
     logging.info("Starting a heartbeat thread")
     wall, cpu = self._clock(), self._cpu()
     while self.failure is None:
-      stop = self.event.wait(self.period)
+      if self._wake.wait(self.period):
+        self._wake.clear()
+      stop = self.event.is_set()
       phase, seconds = self.recorder.sample()
       now, now_cpu = self._clock(), self._cpu()
       busy = 100.0 * (now_cpu - cpu) / max(now - wall, 1e-3)
@@ -599,6 +617,7 @@ class Heartbeat:
     self.recorder.at_exit = True
     if self._exchange is None:
       self.event.set()
+    self._wake.set()
 
   def abandon(self) -> None:
     """This client is leaving with a failure: react to nothing any more."""

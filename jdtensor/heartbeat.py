@@ -197,9 +197,12 @@ def _warn_links_only(reason: str) -> None:
         "out-of-sync client is not.", reason)
 
 
-def _launcher_report(client_id: int, directory: str | None
+def _launcher_report(client_id: int, directory: str | None, departure: bool = False
                      ) -> Callable[[list[int], str], None]:
-  """Writes whom this client blames where `jdtensor launch` reads it."""
+  """Writes where `jdtensor launch` reads it (``JDTENSOR_REPORT_DIR``) whom
+  this client blames, or (`departure`) when it left with a failure of its
+  own: the launcher's root cause is the client that failed first, and client
+  0 leaves last on purpose."""
 
   def report(culprits: list[int], why: str) -> None:
     if not directory:
@@ -207,7 +210,8 @@ def _launcher_report(client_id: int, directory: str | None
     path = os.path.join(directory, f"client-{client_id}.json")
     try:
       with open(path + ".tmp", "w") as f:
-        json.dump({"client": client_id, "culprits": culprits, "why": why}, f)
+        json.dump({"client": client_id, "culprits": culprits, "why": why,
+                   "at": time.time(), "departure": departure}, f)
       os.replace(path + ".tmp", path)
     except OSError:
       pass  # The launcher then falls back to exit codes and times.
@@ -328,6 +332,8 @@ def _leave(departure: Departure) -> bool:
       hb.abandon()
     if links is not None:
       links.announce_departure(departure.code, departure.why, True)
+    _launcher_report(me, os.environ.get(_env.JDTENSOR_REPORT_DIR),
+                     departure=True)([me], departure.why)
     sys.stderr.write(f"jdtensor: client {me} {departure.why}; the other clients "
                      "have been told.\n")
     sys.stderr.flush()

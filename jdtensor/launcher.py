@@ -44,7 +44,7 @@ from jdtensor import _env
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 
 __all__ = ["LaunchSpec", "LaunchResult", "free_ports", "worker_env", "launch",
-           "is_gloo_noise"]
+           "is_gloo_noise", "describe_exit", "EXIT_TIMEOUT"]
 
 # Gloo prints "[Gloo] Rank r is connected to k peer ranks. Expected number of
 # connected peer ranks is : k" whenever a device group first communicates
@@ -64,7 +64,8 @@ def is_gloo_noise(line: str) -> bool:
 
 
 _POLL_SECONDS = 0.05
-_EXIT_TIMEOUT = 124
+_STACK_DUMP_SECONDS = 2.0
+EXIT_TIMEOUT = 124  # The launcher's exit code when its time-out expired.
 
 
 @dataclass(frozen=True)
@@ -220,13 +221,31 @@ def _wrapped(command: Sequence[str]) -> list[str]:
   return [sys.executable, "-S", "-c", _GUARDIAN, str(os.getpid()), *command]
 
 
-def _describe(code: int) -> str:
+def describe_exit(code: int) -> str:
+  """``exited with code 3`` or ``was killed by SIGKILL``, for a return code."""
   if code < 0:
     try:
       return f"was killed by {signal.Signals(-code).name}"
     except ValueError:
       return f"was killed by signal {-code}"
   return f"exited with code {code}"
+
+
+@dataclass(frozen=True)
+class _Report:
+  """What a client wrote into ``JDTENSOR_REPORT_DIR`` (see `jdtensor.heartbeat`).
+
+  Attributes:
+    culprits: Whom it blames ([itself] when it found itself the cause).
+    why: Its reason, as it printed it.
+    at: When (``time.time()``), if it said.
+    departure: Whether this is a client that failed by itself telling when
+      it left, rather than a verdict on others.
+  """
+  culprits: list[int]
+  why: str
+  at: float | None
+  departure: bool
 
 
 def _plain(why: str) -> str:
@@ -249,6 +268,7 @@ class _Supervisor:
     self.readers: list[threading.Thread] = []
     self.write_lock = threading.Lock()
     self.stop_signal: int | None = None
+    self.last_output = 0.0  # Monotonic time of the last line written.
 
   def _pump(self, client: int, pipe: IO[bytes], sink: IO[str]) -> None:
     prefix = f"[client {client}] "
@@ -266,6 +286,7 @@ class _Supervisor:
       with self.write_lock:
         sink.write(prefix + line + "\n")
         sink.flush()
+        self.last_output = time.monotonic()
     pipe.close()
 
   def start(self) -> None:
@@ -323,9 +344,9 @@ class _Supervisor:
         self.exit_wall[i] = time.time()
     return codes
 
-  def reports(self) -> dict[int, tuple[list[int], str]]:
-    """What each client that stopped because of others wrote: client ->
-    (whom it blames, why)."""
+  def reports(self) -> dict[int, _Report]:
+    """What the clients wrote: whom a client stopped because of others
+    blames, and when a client that failed by itself left."""
     out = {}
     for name in os.listdir(self.report_dir):
       if not (name.startswith("client-") and name.endswith(".json")):
@@ -333,20 +354,29 @@ class _Supervisor:
       try:
         with open(os.path.join(self.report_dir, name)) as f:
           data = json.load(f)
-        out[int(data["client"])] = ([int(c) for c in data["culprits"]],
-                                    str(data["why"]))
-      except (OSError, ValueError, KeyError, TypeError):
+        at = data.get("at")
+        out[int(data["client"])] = _Report(
+            [int(c) for c in data["culprits"]], str(data["why"]),
+            float(at) if isinstance(at, (int, float)) else None,
+            bool(data.get("departure", False)))
+      except (OSError, ValueError, KeyError, TypeError, AttributeError):
         continue
     return out
 
   def _settle(self, codes: list[int | None]) -> list[int | None]:
-    """After only consequences (75) failed: wait briefly for the root cause
-    to end by itself, with its own code, before stopping everyone."""
+    """Before stopping everyone, waits briefly (at most 3 s) for clients that
+    are ending by themselves to end with their own code: one that reported
+    its own failure and is on its way out (client 0 leaves last), and, while
+    only consequences (75) have failed, the root cause."""
     deadline = time.monotonic() + min(self.spec.grace, 3.0)
     while time.monotonic() < deadline:
-      if any(c not in (None, 0, PEER_FAILURE_EXIT_CODE) for c in codes):
-        break
       if all(c is not None for c in codes):
+        break
+      reports = self.reports()
+      leaving = [i for i, c in enumerate(codes) if c is None and i in reports
+                 and reports[i].departure]
+      cause_missing = all(c in (None, 0, PEER_FAILURE_EXIT_CODE) for c in codes)
+      if not leaving and not cause_missing:
         break
       time.sleep(_POLL_SECONDS)
       codes = self._poll()
@@ -355,23 +385,34 @@ class _Supervisor:
   def _root_cause(self, codes: list[int | None]) -> tuple[int, str, int]:
     """(client, what it did, launcher exit code)."""
     failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-    own = sorted((f for f in failed if f[1] != PEER_FAILURE_EXIT_CODE),
-                 key=lambda f: (self.exit_times.get(f[0], 0.0), f[0]))
     reports = self.reports()
+
+    def failed_at(client: int) -> float:
+      # When it left by its own account (client 0 leaves last on purpose),
+      # else when it was seen to end.
+      report = reports.get(client)
+      if report is not None and report.departure and report.at is not None:
+        return report.at
+      return self.exit_wall.get(client, 0.0)
+    own = sorted((f for f in failed if f[1] != PEER_FAILURE_EXIT_CODE),
+                 key=lambda f: (failed_at(f[0]), f[0]))
     if own:
       client, code = own[0]
-      what = f"client {client} {_describe(code)}"
-      culprits, why = reports.get(client, ([], ""))
-      if culprits == [client]:  # It found itself the cause, and said why.
-        what += ": " + _plain(why)
+      what = f"client {client} {describe_exit(code)}"
+      report = reports.get(client)
+      if report is not None and not report.departure and (
+          report.culprits == [client]):  # It found itself the cause, and said why.
+        what += ": " + _plain(report.why)
       return client, what, code if code > 0 else 128 - code
     named: dict[int, list[int]] = {}
-    for reporter, (culprits, _) in sorted(reports.items()):
-      for c in culprits:
+    for reporter, report in sorted(reports.items()):
+      if report.departure:
+        continue
+      for c in report.culprits:
         named.setdefault(c, []).append(reporter)
     if named:
       client = max(named, key=lambda c: (len(named[c]), -min(named[c])))
-      why = _plain(reports[named[client][0]][1])
+      why = _plain(reports[named[client][0]].why)
       if not why.startswith(f"client {client}"):
         why = f"client {client}: {why}"
       others = [r for r in named[client] if r != client]
@@ -383,7 +424,7 @@ class _Supervisor:
                            128 - code if code and code < 0 else 1)
     client, ended = min(failed, key=lambda f: (self.exit_times.get(f[0], 0.0), f[0]))
     code = int(ended)  # type: ignore[arg-type]  # Only clients that ended.
-    return client, f"client {client} {_describe(code)}", (
+    return client, f"client {client} {describe_exit(code)}", (
         code if code > 0 else 128 - code)
 
   def run(self) -> LaunchResult:
@@ -401,15 +442,14 @@ class _Supervisor:
         result.exit_code = 128 + self.stop_signal
         break
       if failed:
-        if all(c == PEER_FAILURE_EXIT_CODE for _, c in failed):
-          codes = self._settle(codes)
+        codes = self._settle(codes)
         client, what, exit_code = self._root_cause(codes)
         stopped = self.stop_all()
         codes = self._poll()
         result.first_failure = client
         result.reason = (f"jdtensor launch: {what}; stopped clients "
                          f"{', '.join(map(str, stopped)) or 'none'}")
-        also = [f"client {c} {_describe(k)}"
+        also = [f"client {c} {describe_exit(k)}"
                 for c, k in sorted(((i, k) for i, k in enumerate(codes)
                                     if k not in (None, 0) and i != client
                                     and i not in stopped),
@@ -421,10 +461,11 @@ class _Supervisor:
       if all(c == 0 for c in codes):
         break
       if deadline is not None and time.monotonic() > deadline:
+        self._dump_stacks_before_stopping()
         stopped = self.stop_all()
         result.reason = (f"jdtensor launch: timed out after {self.spec.timeout:g} s; "
                          f"stopped clients {', '.join(map(str, stopped))}")
-        result.exit_code = _EXIT_TIMEOUT
+        result.exit_code = EXIT_TIMEOUT
         break
       time.sleep(_POLL_SECONDS)
     for t in self.readers:
@@ -438,6 +479,19 @@ class _Supervisor:
   def dump_stacks(self) -> None:
     """Forwards SIGUSR1: every jdtensor client prints its threads' stacks."""
     self._signal_all(signal.SIGUSR1)
+
+  def _dump_stacks_before_stopping(self) -> None:
+    """On time-out, where each client still running was: its stacks, read
+    until its output goes quiet (at most `_STACK_DUMP_SECONDS`)."""
+    asked = time.monotonic()
+    self.dump_stacks()
+    while time.monotonic() < asked + _STACK_DUMP_SECONDS:
+      now = time.monotonic()
+      if self.last_output > asked and now - self.last_output > 0.2:
+        break  # The dumps came, and the output has gone quiet.
+      if self.last_output <= asked and now - asked > 0.5:
+        break  # Nothing came: not jdtensor clients, or stopped ones.
+      time.sleep(_POLL_SECONDS)
 
 
 def launch(spec: LaunchSpec, out: IO[str] | None = None,

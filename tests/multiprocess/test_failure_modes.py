@@ -87,6 +87,8 @@ def test_client_0_failing_without_a_heartbeat_waits_for_the_others():
                                      DTENSOR_ENABLE_HEARTBEAT="false")
   assert res.returncodes == [1, 1, 1], err
   assert res.first_failure == 0, res.reason
+  assert res.reason.startswith("jdtensor launch: client 0 exited with code 1; "
+                               "stopped clients none"), res.reason
   assert "F1" not in err and "Check failure" not in err, err  # No C++ abort.
   for c in (0, 1, 2):
     assert any(line.startswith(f"jdtensor: client {c} failed: ZeroDivisionError")

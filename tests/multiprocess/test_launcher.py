@@ -54,6 +54,33 @@ def test_prefixes_and_success():
       "[client 0] e", "[client 1] e", "[client 2] e"]
 
 
+def test_the_root_cause_is_who_failed_first_by_its_own_account():
+  """Client 0 reports its failure, then stays on its way out (as a jdtensor
+  client 0 does, hosting the services) while client 1 fails and ends first:
+  client 0 is the root cause and is left to end by itself."""
+  code = """if True:
+    import json, os, sys, time
+    me = int(os.environ["DTENSOR_CLIENT_ID"])
+    if me == 0:
+      path = os.path.join(os.environ["JDTENSOR_REPORT_DIR"], "client-0.json")
+      with open(path, "w") as f:
+        json.dump({"client": 0, "culprits": [0], "why": "failed: boom",
+                   "at": time.time(), "departure": True}, f)
+      time.sleep(1.0)
+    else:
+      time.sleep(0.3)
+    sys.exit(1)
+  """
+  out, err = io.StringIO(), io.StringIO()
+  res = launcher.launch(launcher.LaunchSpec(command=(sys.executable, "-c", code),
+                                            num_clients=2, timeout=60),
+                        out=out, err=err)
+  assert res.returncodes == [1, 1], err.getvalue()
+  assert res.first_failure == 0
+  assert res.reason == ("jdtensor launch: client 0 exited with code 1; stopped "
+                        "clients none (also: client 1 exited with code 1)")
+
+
 def test_one_client_fails_the_rest_are_stopped():
   out, err = io.StringIO(), io.StringIO()
   start = time.monotonic()
