@@ -2,7 +2,8 @@
 
     python benchmarks/run_all.py [--repeats N] [--only SECTION,...]
 
-``--only`` reruns the named sections (startup, ring, heartbeat, api, faults) and
+``--only`` reruns the named sections (startup, ring, heartbeat, api, testing,
+faults) and
 keeps the others as they are in RESULTS.md, each with the date it was made.
 
 Every figure is measured side by side with its baseline in the same run
@@ -23,7 +24,8 @@ import platform  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 
-from benchmarks import bench_api, bench_heartbeat, bench_ring, bench_startup  # noqa: E402
+from benchmarks import (bench_api, bench_heartbeat, bench_ring, bench_startup,
+                        bench_testing)  # noqa: E402
 from benchmarks._timing import machine  # noqa: E402
 
 
@@ -59,6 +61,11 @@ SECTIONS = {  # key -> (title, intro)
             "call_with_layout, pack, unpack and fetch_layout against the plain "
             "JAX each stands for, interleaved in one process. Target: at most 2x "
             "plain JAX on repeated calls (each compiles once)."),
+    "testing": ("A multi-client test with jdtensor.testing",
+                "`python benchmarks/bench_testing.py`: a 4 x 2 test body doing "
+                "one psum through `run_in_multi_client` (what `@multi_client` "
+                "runs) vs the same body as a hand-written client script under "
+                "the launcher, interleaved. Target: at most 1.2x."),
     "faults": ("Fault and bad-input suite",
                "Each case runs in fresh processes with a hard deadline and "
                "asserts a clear error, a bounded time and no leftover process."),
@@ -98,6 +105,9 @@ def main(argv=None) -> int:
       "ring": lambda: bench_ring.main(["--repeats", str(args.repeats)]),
       "heartbeat": lambda: bench_heartbeat.main(["--repeats", str(args.repeats)]),
       "api": lambda: bench_api.main(["--repeats", str(args.repeats)]),
+      # Start-to-end times are bimodal (a short body can end before the
+      # heartbeat's private runtime has started); more rounds for a median.
+      "testing": lambda: bench_testing.main(["--repeats", str(max(args.repeats, 11))]),
       "faults": fault_suite,
   }
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")

@@ -18,7 +18,7 @@ MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if p.name != PRIVATE_JAX)
 # The launcher's parent process and the pure layers: not even numpy.
 STDLIB_ONLY = ["launcher", "cli", "_env", "_rendezvous", "cluster", "errors",
-               "device_spec", "_logging"]
+               "device_spec", "_logging", "testing", "testing._transport"]
 
 
 def _top_level_imports(path):

@@ -143,23 +143,6 @@ def scenario_legacy_init():
   result("legacy_init", [jdtensor.is_initialized(), mesh.to_string()])
 
 
-def scenario_barrier_timeout():
-  """Client 1 never reaches the barrier; client 0's must time out and raise."""
-  import time
-  import jdtensor
-  jdtensor.initialize_accelerator_system("CPU")
-  mesh = jdtensor.create_distributed_mesh([("x", jdtensor.num_clients())])
-  if jdtensor.client_id() == 1:
-    time.sleep(4)
-    result("skipped_barrier", True)
-    return
-  start = time.monotonic()
-  try:
-    jdtensor.barrier(mesh, "never", timeout_in_ms=1500)
-  except jdtensor.BarrierTimeoutError as e:
-    result("barrier_error", [str(e), round(time.monotonic() - start, 1)])
-
-
 def scenario_tpu():
   """A simulated TPU pod: merged core table, ring-ordered mesh, collectives."""
   import jax
@@ -261,23 +244,6 @@ def _user_psum_setup():
   return n, local, make, fns
 
 
-def scenario_heartbeat_basic():
-  import time
-  import jdtensor
-  from jdtensor import heartbeat
-  jdtensor.initialize_accelerator_system("CPU")
-  hb = heartbeat.current()
-  hb.ready.wait(30)
-  result("running", [hb is not None, hb.period, hb.policy, hb.token])
-  again = heartbeat.start(5.0)
-  result("second_start_same_event", again is hb.event)
-  time.sleep(1.0)
-  hb.event.set()
-  result("stopped", hb.stopped.wait(10))
-  result("beats_ge_3", hb.beats >= 3)
-  result("beats", hb.beats)
-
-
 def scenario_heartbeat_victim():
   """Everyone works; the test SIGKILLs one client; the others must notice."""
   import time
@@ -319,19 +285,6 @@ def scenario_heartbeat_token():
   result("failure", [str(hb.failure), list(hb.failure.client_ids)
                      if hb.failure else None])
   os._exit(0)
-
-
-def scenario_heartbeat_manual():
-  import threading
-  import jdtensor
-  from jdtensor import heartbeat
-  jdtensor.initialize_accelerator_system("CPU")
-  result("auto_started", heartbeat.current() is not None or any(
-      "heartbeat" in t.name for t in threading.enumerate()))
-  event = heartbeat.start(0.1, policy="raise")
-  hb = heartbeat.current()
-  event.set()
-  result("manual", [hb.stopped.wait(20), hb.failure is None])
 
 
 def scenario_die_after_rendezvous():

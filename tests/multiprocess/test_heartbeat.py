@@ -12,6 +12,7 @@ import time
 import pytest
 
 from jdtensor import heartbeat, launcher
+from jdtensor.testing import multi_client, run_in_multi_client
 from tests.helpers import (TEST_TIMEOUTS, LiveClients, cluster_env, finish,
                            free_port, kill_when_ready, parse_results, run_python,
                            start_clients)
@@ -28,18 +29,26 @@ def jobs(n):
   return [f"localhost:{free_port()}" for _ in range(n)]
 
 
-def test_token_agreement_second_start_and_agreed_stop():
-  js = jobs(2)
-  res = finish(start_clients("heartbeat_basic", [cluster_env(js, c) for c in (0, 1)]),
-               timeout=90)
-  assert all(r.returncode == 0 for r in res), [r.stdout + r.stderr for r in res]
-  r0, r1 = results_of(res)
-  assert r0["running"][:3] == [True, 0.2, "terminate"]
-  assert r0["running"][3] == r1["running"][3]  # Client 0's token, everywhere.
-  assert r0["second_start_same_event"] and r1["second_start_same_event"]
-  assert r0["stopped"] and r1["stopped"] and r0["beats_ge_3"]
-  assert r0["beats"] == r1["beats"]  # Every client stopped after the same beat.
-  assert "A heartbeat thread is already running, skipping this one." in res[0].stderr
+def _start_twice_then_stop():
+  from jdtensor import heartbeat as hb_module  # pylint: disable=reimported
+  hb = hb_module.current()
+  hb.ready.wait(30)
+  running = (hb.period, hb.policy, hb.token)
+  again = hb_module.start(5.0)
+  time.sleep(1.0)
+  hb.event.set()
+  return running, again is hb.event, hb.stopped.wait(10), hb.beats
+
+
+def test_token_agreement_second_start_and_agreed_stop(capfd):
+  (r0, same0, stopped0, beats0), (r1, same1, stopped1, beats1) = (
+      run_in_multi_client(_start_twice_then_stop, 2, env=TEST_TIMEOUTS))
+  assert r0[:2] == (0.2, "terminate")
+  assert r0[2] == r1[2]  # Client 0's token, everywhere.
+  assert same0 and same1 and stopped0 and stopped1 and beats0 >= 3
+  assert beats0 == beats1  # Every client stopped after the same beat.
+  assert re.search(r"^\[client 0\] .*A heartbeat thread is already running, "
+                   "skipping this one.$", capfd.readouterr().err, re.M)
 
 
 @pytest.mark.parametrize("victim", [2, 0], ids=["worker", "coordinator"])
@@ -124,14 +133,15 @@ def test_policy_raise_surfaces_at_the_next_jdtensor_call():
     assert message.endswith("raising PeerFailureError at the next jdtensor call")
 
 
+@multi_client(num_clients=2, env={**TEST_TIMEOUTS, "DTENSOR_ENABLE_HEARTBEAT": "false"})
 def test_disabled_by_env_then_started_by_hand():
-  js = jobs(2)
-  code_env = [cluster_env(js, c, DTENSOR_ENABLE_HEARTBEAT="false") for c in (0, 1)]
-  res = finish(start_clients("heartbeat_manual", code_env), timeout=90)
-  assert all(r.returncode == 0 for r in res), [r.stdout + r.stderr for r in res]
-  for r in results_of(res):
-    assert r["auto_started"] is False
-    assert r["manual"] == [True, True]
+  import threading
+  assert heartbeat.current() is None
+  assert not [t for t in threading.enumerate() if "heartbeat" in t.name]
+  event = heartbeat.start(0.1, policy="raise")
+  hb = heartbeat.current()
+  event.set()
+  assert hb.stopped.wait(20) and hb.failure is None
 
 
 def test_single_client_has_no_heartbeat():

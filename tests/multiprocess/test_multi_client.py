@@ -1,10 +1,12 @@
 """Real multi-client runs: real processes, JAX's coordination service, gloo."""
 
 import io
+import time
 
 import pytest
 
 from jdtensor import launcher
+from jdtensor.testing import multi_client
 from tests.helpers import (CLIENT, TEST_TIMEOUTS, clean_env, cluster_env, finish,
                            free_port, parse_results, run_python, start_clients)
 
@@ -70,16 +72,22 @@ def test_legacy_dtensor_initialize_multi_client(monkeypatch):
   assert r[1]["legacy_init"] == [True, "|x=2|0,1|1|" + W.format(t=1, i=0)]
 
 
-def test_barrier_timeout_raises_instead_of_hanging(monkeypatch):
-  res, out, err = run_launcher(monkeypatch, 2, 1, "barrier_timeout", timeout=90)
-  assert res.exit_code == 0, out + err
-  r = parse_results(out)
-  message, seconds = r[0]["barrier_error"]
-  assert message == ("Barrier 'never:0' timed out after 1500 ms: not every client "
-                     "arrived. A client that is slow, stuck, or has exited never "
-                     "reaches it; check the other clients' output.")
-  assert 1.4 <= seconds < 10
-  assert r[1]["skipped_barrier"] is True
+@multi_client(num_clients=2, env=TEST_TIMEOUTS)
+def test_barrier_timeout_raises_instead_of_hanging():
+  """Client 1 never reaches the barrier; client 0's times out and raises."""
+  import jdtensor
+  mesh = jdtensor.create_distributed_mesh([("x", 2)])
+  if jdtensor.client_id() == 1:
+    time.sleep(4)  # Alive, but elsewhere.
+    return
+  start = time.monotonic()
+  with pytest.raises(jdtensor.BarrierTimeoutError) as e:
+    jdtensor.barrier(mesh, "never", timeout_in_ms=1500)
+  assert str(e.value) == (
+      "Barrier 'never:0' timed out after 1500 ms: not every client arrived. A "
+      "client that is slow, stuck, or has exited never reaches it; check the "
+      "other clients' output.")
+  assert 1.4 <= time.monotonic() - start < 10
 
 
 def test_descending_ports():

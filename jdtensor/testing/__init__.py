@@ -1,0 +1,430 @@
+"""Real multi-client tests, as easy as a unit test.
+
+A test body runs in N fresh processes, one per DTensor client, started the
+way `jdtensor launch` starts them (and with its guarantees: a ``[client k]``
+tag on every output line, the others stopped when one fails, no process left
+behind, a deadline), each with ``DTENSOR_*`` set and
+``initialize_accelerator_system(device_type)`` already called::
+
+  import jax
+  from jdtensor.testing import multi_client
+
+  @multi_client(num_clients=4, devices_per_client=2)
+  def test_psum():
+    assert jax.device_count() == 8
+
+The pytest plugin (installed with jdtensor) adds the same as a marker,
+``@pytest.mark.multi_client(num_clients=4, devices_per_client=2)``, and a
+``--jdtensor-timeout`` option. `run_in_multi_client` is the plain function,
+for code ported from TF DTensor's multi-client tests; it returns each
+client's return value.
+
+The parent process never imports JAX. The body is sent to the clients by
+value (its code, defaults and closure values); its module is imported in
+every client by its path, so module-level helpers, imports and classes are
+there as usual. Arguments and return values are pickled; a ``jax.Array``
+return value comes back as a NumPy array.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+import os
+import pickle
+import re
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from jdtensor import _env, launcher
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE
+from jdtensor.testing import _transport
+
+__all__ = ["multi_client", "run_in_multi_client", "MultiClientTestError",
+           "MultiClientOptions", "DEFAULT_TIMEOUT"]
+
+DEFAULT_TIMEOUT = 120.0
+# At most this many clients: each is a full JAX process.
+MAX_CLIENTS = 64
+# Lines of a client's output quoted in a failure report.
+_TAIL_LINES = 30
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class MultiClientTestError(AssertionError):
+  """A multi-client test body failed, timed out or could not start.
+
+  Attributes:
+    failures: Client -> ``(where, exception type, message, traceback)`` for
+      every client whose body (or set-up) raised.
+    returncodes: Each client's exit code (negative: killed by that signal).
+    summary: The first line of the message.
+  """
+
+  def __init__(self, message: str, failures: dict[int, tuple[str, str, str, str]],
+               returncodes: list[int | None]):
+    super().__init__(message)
+    self.failures = failures
+    self.returncodes = returncodes
+    self.summary = message.splitlines()[0] if message else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiClientOptions:
+  """How a multi-client test runs (see `multi_client`).
+
+  `timeout` None means the ``--jdtensor-timeout`` option (pytest), else
+  `DEFAULT_TIMEOUT`.
+  """
+  num_clients: int = 2
+  devices_per_client: int = 1
+  timeout: float | None = None
+  device_type: str = "CPU"
+  env: Mapping[str, str] | None = None
+
+  def __post_init__(self) -> None:
+    for name, low, high in (("num_clients", 1, MAX_CLIENTS),
+                            ("devices_per_client", 1, 4096)):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or not (
+          low <= value <= high):
+        raise ValueError(f"multi_client: {name} must be an int in {low}..{high}, "
+                         f"got {value!r}.")
+    if self.timeout is not None:
+      _check_timeout("timeout", self.timeout)
+    if not isinstance(self.device_type, str) or (
+        self.device_type.upper() not in ("CPU", "GPU", "TPU")):
+      raise ValueError(f"multi_client: device_type must be 'CPU', 'GPU' or 'TPU', "
+                       f"got {self.device_type!r}.")
+    if self.env is not None:
+      if not isinstance(self.env, Mapping):
+        raise TypeError(f"multi_client: env must be a mapping of str to str, got "
+                        f"{type(self.env).__name__}.")
+      bad = [k for k, v in self.env.items()
+             if not isinstance(k, str) or not isinstance(v, str)]
+      if bad:
+        raise TypeError(f"multi_client: env must map str to str; {bad[0]!r} -> "
+                        f"{self.env[bad[0]]!r} does not.")
+      owned = sorted(k for k in self.env if k in _LAUNCHER_OWNED)
+      if owned:
+        raise ValueError(f"multi_client: env sets {', '.join(owned)}, which the "
+                         "runner sets for each client; use num_clients, "
+                         "devices_per_client and device_type instead.")
+
+
+# Set per client by the launcher; a test cannot choose them.
+_LAUNCHER_OWNED = frozenset({
+    _env.DTENSOR_CLIENT_ID, _env.DTENSOR_NUM_CLIENTS, _env.DTENSOR_JOB_NAME,
+    _env.DTENSOR_JOBS, _env.JDTENSOR_RUN_SECRET, _env.JDTENSOR_REPORT_DIR,
+    "JAX_NUM_CPU_DEVICES"})
+
+
+def _check_timeout(name: str, value: Any) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+      math.isfinite(value) and value > 0):
+    raise ValueError(f"multi_client: {name} must be a number of seconds > 0, got "
+                     f"{value!r}.")
+  return float(value)
+
+
+def run_in_multi_client(fn: Callable[..., Any], num_clients: int = 2,
+                        devices_per_client: int = 1, *,
+                        args: Sequence[Any] = (),
+                        kwargs: Mapping[str, Any] | None = None,
+                        device_type: str = "CPU",
+                        timeout: float | None = None,
+                        env: Mapping[str, str] | None = None) -> list[Any]:
+  """Runs ``fn(*args, **kwargs)`` in `num_clients` fresh client processes.
+
+  Each client has ``DTENSOR_*`` set and ``initialize_accelerator_system(
+  device_type)`` called (with `devices_per_client` simulated CPU devices for
+  CPU), as under ``jdtensor launch``.
+
+  Args:
+    fn: The body: a function (module-level, nested or a lambda). Its module
+      is imported in every client; a script's ``if __name__ == "__main__":``
+      block does not run there.
+    num_clients: Number of clients (1..64).
+    devices_per_client: Simulated CPU devices per client.
+    args: Positional arguments for `fn` (picklable).
+    kwargs: Keyword arguments for `fn` (picklable).
+    device_type: ``CPU``, ``GPU`` or ``TPU``.
+    timeout: Seconds for the whole run (start-up included); then every
+      client still running prints its stacks and is stopped. Default
+      `DEFAULT_TIMEOUT`.
+    env: Extra environment variables for the clients.
+
+  Returns:
+    Each client's return value, in client order (``jax.Array`` values as
+    NumPy arrays).
+
+  Raises:
+    MultiClientTestError: A client failed (its exception, traceback and the
+      clients stopped as a consequence are in the message), or the run
+      timed out (naming the clients that had not finished, with their stacks).
+    TypeError: `fn` or its arguments cannot be sent to the clients.
+    ValueError: A bad option.
+    RuntimeError: Called inside a client.
+  """
+  __tracebackhide__ = True  # pylint: disable=unused-variable
+  options = MultiClientOptions(num_clients, devices_per_client, timeout,
+                               device_type, env)
+  return _run(fn, tuple(args), dict(kwargs or {}), options)
+
+
+def multi_client(num_clients: int | Callable[..., Any] = 2,
+                 devices_per_client: int = 1, timeout: float | None = None,
+                 device_type: str = "CPU",
+                 env: Mapping[str, str] | None = None) -> Any:
+  """Runs the decorated pytest test's body in `num_clients` client processes.
+
+  ``@multi_client`` alone uses the defaults. The test passes only if every
+  client's body returns normally; otherwise the failure names each failing
+  client with its exception and traceback (``client 2: AssertionError: ...``)
+  and the clients stopped as a consequence. ``pytest.mark.parametrize``
+  values reach every client; other fixtures are not supported (the body runs
+  in other processes) and are reported as an error.
+
+  Args:
+    num_clients: Number of clients (1..64).
+    devices_per_client: Simulated CPU devices per client.
+    timeout: Seconds for the whole test; default ``--jdtensor-timeout``, else
+      `DEFAULT_TIMEOUT` (120).
+    device_type: ``CPU``, ``GPU`` or ``TPU``.
+    env: Extra environment variables for the clients.
+  """
+  if callable(num_clients) and not isinstance(num_clients, int):
+    return multi_client()(num_clients)  # Used bare: @multi_client.
+  options = MultiClientOptions(num_clients, devices_per_client, timeout,
+                               device_type, env)
+
+  def decorate(fn: _F) -> _F:
+    if not inspect.isfunction(fn):
+      raise TypeError(f"multi_client decorates a test function, got "
+                      f"{type(fn).__name__}.")
+
+    @functools.wraps(fn)
+    def test(*args: Any, **kwargs: Any) -> None:
+      # Called directly (or by pytest without jdtensor's plugin): the
+      # arguments are whatever the caller passed.
+      __tracebackhide__ = True  # pylint: disable=unused-variable
+      _run(fn, args, kwargs, options)
+    test.jdtensor_multi_client = (fn, options)  # type: ignore[attr-defined]
+    return test  # type: ignore[return-value]
+  return decorate
+
+
+# -- running ----------------------------------------------------------------------
+
+def _in_client() -> bool:
+  """Whether this process is a multi-client test's client."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  return getattr(spec, "name", None) == "jdtensor.testing._client"
+
+
+def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+         options: MultiClientOptions) -> list[Any]:
+  __tracebackhide__ = True  # pylint: disable=unused-variable
+  if _in_client():
+    raise RuntimeError("run_in_multi_client was called inside a multi-client "
+                       "test client; start multi-client runs from the test "
+                       "process only.")
+  if not callable(fn):
+    raise TypeError(f"fn must be callable, got {type(fn).__name__}.")
+  body = getattr(fn, "__func__", fn)  # A bound method: its function and self.
+  if body is not fn:
+    args = (fn.__self__, *args)  # type: ignore[union-attr]
+  if not inspect.isfunction(body):
+    raise TypeError(f"fn must be a Python function, got {type(fn).__name__}.")
+  name = body.__qualname__
+  try:
+    payload = _transport.dumps((body, args, kwargs), by_value=(body,))
+  except TypeError as e:
+    raise TypeError(f"{name}: its arguments, defaults or closure {e}") from None
+  module = sys.modules.get(body.__module__)
+  file = getattr(module, "__file__", None)
+  if file is not None and not os.path.isfile(file):
+    file = None  # python - (``<stdin>``) or a notebook: no file to import.
+  timeout = options.timeout if options.timeout is not None else DEFAULT_TIMEOUT
+  workdir = tempfile.mkdtemp(prefix="jdtensor-test-")
+  try:
+    spec_path = os.path.join(workdir, "spec.pkl")
+    with open(spec_path, "wb") as f:
+      pickle.dump({"module": body.__module__,
+                   "file": file,
+                   "sys_path": [os.path.abspath(p) if p else os.getcwd()
+                                for p in sys.path],
+                   "device_type": options.device_type.upper(),
+                   "result_dir": workdir}, f)
+      f.write(payload)
+    spec = launcher.LaunchSpec(
+        (sys.executable, "-m", "jdtensor.testing._client", spec_path),
+        num_clients=options.num_clients,
+        devices_per_client=options.devices_per_client,
+        device_type=options.device_type.upper(), timeout=timeout)
+    out, err = _Tee(sys.stdout), _Tee(sys.stderr)
+    result = launcher.launch(spec, out, err, _client_env(options))
+    if result.exit_code == 128 + signal.SIGINT:
+      raise KeyboardInterrupt
+    records = _read_records(workdir, options.num_clients)
+  finally:
+    shutil.rmtree(workdir, ignore_errors=True)
+  values = [records.get(c, {}).get("value") for c in range(options.num_clients)]
+  if result.exit_code == 0 and all(
+      records.get(c, {}).get("status") == "ok" for c in range(options.num_clients)):
+    return [_transport.loads(v) for v in values]
+  raise _failure(name, options, timeout, result, records, err.lines)
+
+
+def _client_env(options: MultiClientOptions) -> dict[str, str]:
+  import jdtensor  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ)
+  # The clients import jdtensor from where this process did.
+  root = os.path.dirname(os.path.dirname(os.path.abspath(jdtensor.__file__)))
+  env["PYTHONPATH"] = os.pathsep.join(
+      [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+  env.update(options.env or {})
+  return env
+
+
+def _read_records(directory: str, n: int) -> dict[int, dict[str, Any]]:
+  records = {}
+  for client in range(n):
+    try:
+      with open(os.path.join(directory, f"client-{client}.pkl"), "rb") as f:
+        records[client] = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError):
+      continue
+  return records
+
+
+class _Tee:
+  """Writes the clients' tagged lines through (pytest captures them) and
+  keeps them for the failure report."""
+
+  def __init__(self, stream: Any):
+    self._stream = stream
+    self.lines: list[str] = []
+
+  def write(self, text: str) -> int:
+    self.lines.extend(text.splitlines())
+    try:
+      return self._stream.write(text)
+    except (OSError, ValueError):
+      return len(text)
+
+  def flush(self) -> None:
+    try:
+      self._stream.flush()
+    except (OSError, ValueError):
+      pass
+
+
+# -- the failure report -----------------------------------------------------------
+
+_STAGES = {
+    "import": "while importing the test module",
+    "arguments": "while receiving the test's arguments",
+    "initialize": "in initialize_accelerator_system",
+    "body": "",
+    "result": "while sending its return value back",
+}
+
+
+def _clients(ids: Sequence[int]) -> str:
+  return (f"client {ids[0]}" if len(ids) == 1 else
+          "clients " + ", ".join(map(str, ids)))
+
+
+def _first_line(text: str) -> str:
+  lines = text.strip().splitlines()
+  return lines[0] if lines else ""
+
+
+def _tail(lines: Sequence[str], client: int, count: int = _TAIL_LINES) -> list[str]:
+  prefix = f"[client {client}] "
+  mine = [line[len(prefix):] for line in lines if line.startswith(prefix)]
+  return mine[-count:]
+
+
+_THREAD_HEADER = re.compile(
+    r"(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
+
+
+def _main_thread_stack(lines: Sequence[str], client: int) -> list[str]:
+  """The test body's stack from the client's SIGUSR1 dump (faulthandler's
+  format), without the runner's own frames; [] if there is none."""
+  mine = _tail(lines, client, count=len(lines))
+  block: list[str] = []
+  for line in mine:
+    if _THREAD_HEADER.match(line):
+      block = [line]
+    elif block and line.startswith("  File "):
+      block.append(line)
+    elif block:
+      if any("jdtensor/testing/_client.py" in f for f in block):
+        break
+      block = []
+  if not any("jdtensor/testing/_client.py" in f for f in block):
+    return []
+  return ["Main thread (most recent call first):"] + [f for f in block[1:]
+                       if "jdtensor/testing/_client.py" not in f
+                       and "<frozen runpy>" not in f]
+
+
+def _failure(name: str, options: MultiClientOptions, timeout: float,
+             result: launcher.LaunchResult, records: dict[int, dict[str, Any]],
+             err_lines: list[str]) -> MultiClientTestError:
+  n = options.num_clients
+  codes = result.returncodes or [None] * n
+  failures = {c: (r["stage"], r["type"], r["message"], r["traceback"])
+              for c, r in records.items() if r.get("status") == "error"}
+  finished = [c for c in range(n) if records.get(c, {}).get("status") == "ok"]
+  head: list[str] = []
+  detail: list[str] = []
+  if result.exit_code == launcher.EXIT_TIMEOUT and not failures:
+    late = [c for c in range(n) if c not in finished]
+    head.append(f"{name}: timed out after {timeout:g} s: {_clients(late)} did not "
+                "finish" + (f" ({_clients(finished)} had returned)" if finished else
+                            "") + ".")
+    for c in late:
+      stack = _main_thread_stack(err_lines, c)
+      detail += [f"--- client {c}: where it was ---"] + (
+          stack or _tail(err_lines, c) or ["(no output)"])
+  else:
+    for c, (stage, kind, message, _) in sorted(failures.items()):
+      where = _STAGES.get(stage, stage)
+      head.append(f"client {c}: {kind}: {_first_line(message)}"
+                  + (f" ({where})" if where else ""))
+    consequences = [c for c in range(n) if c not in failures and c not in finished
+                    and codes[c] == PEER_FAILURE_EXIT_CODE]
+    stopped = [c for c in range(n) if c not in failures and c not in finished
+               and c not in consequences]
+    if consequences:
+      head.append(f"{_clients(consequences)} stopped as a consequence (exit code "
+                  f"{PEER_FAILURE_EXIT_CODE}: jdtensor's heartbeat).")
+    for c in stopped:
+      code = codes[c]
+      how = ("still running" if code is None else
+             "stopped by the runner" if code in (-signal.SIGTERM, -signal.SIGKILL)
+             and failures else launcher.describe_exit(code))
+      head.append(f"client {c} did not return: {how}.")
+      if not failures:
+        detail += [f"--- client {c}: last output ---"] + (
+            _tail(err_lines, c) or ["(no output)"])
+    if not head:  # Every body returned, but a client exited non-zero after.
+      head.append(f"{name}: every client returned, but the run failed: "
+                  f"{result.reason or 'exit code ' + str(result.exit_code)}.")
+    for c, (stage, kind, message, text) in sorted(failures.items()):
+      detail += [f"--- client {c} ---", text.rstrip()]
+  if result.reason:
+    detail.append(result.reason)
+  message = "\n".join(head + [""] + detail) if detail else "\n".join(head)
+  return MultiClientTestError(message, failures, list(codes))

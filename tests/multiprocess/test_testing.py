@@ -1,0 +1,178 @@
+"""jdtensor.testing as its users use it: pytest on a test file, in a subprocess.
+
+multi_client_examples.py holds the tests (some fail on purpose); one pytest
+run executes them all, and each test here checks one outcome and its
+message from the JUnit XML report.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.helpers import REPO, TEST_TIMEOUTS, clean_env, pid_alive
+
+pytestmark = pytest.mark.multiprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_pytest(path, *args, timeout=240):
+  """pytest on `path` in a fresh process group (deadline: `timeout`);
+  returns (exit code, {test name: (outcome, message, text)}, output)."""
+  report = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                        f"jdtensor-junit-{os.getpid()}-{os.path.basename(path)}.xml")
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+       f"--junitxml={report}", path, *args],
+      cwd=REPO, env=clean_env(**TEST_TIMEOUTS), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  try:
+    out, _ = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, 9)
+    out, _ = proc.communicate(timeout=10)
+    raise AssertionError(f"pytest exceeded {timeout} s:\n{out}")
+  outcomes = {}
+  if not os.path.exists(report):  # A usage error: pytest ran nothing.
+    return proc.returncode, outcomes, out
+  try:
+    for case in ET.parse(report).getroot().iter("testcase"):
+      bad = case.find("failure")
+      if bad is None:
+        bad = case.find("error")
+      outcomes[case.get("name")] = (
+          "passed" if bad is None else bad.tag,
+          "" if bad is None else bad.get("message", ""),
+          "" if bad is None else (bad.text or ""))
+  finally:
+    os.remove(report)
+  return proc.returncode, outcomes, out
+
+
+@pytest.fixture(scope="module")
+def examples():
+  return run_pytest(os.path.join(HERE, "multi_client_examples.py"))
+
+
+def test_a_passing_4x2_psum_test(examples):
+  _, outcomes, out = examples
+  assert outcomes["test_psum_4x2"][0] == "passed", out
+
+
+def test_only_the_failing_client_is_named_with_its_assertion(examples):
+  _, outcomes, out = examples
+  outcome, message, text = outcomes["test_only_client_2_fails"]
+  assert outcome == "failure", out
+  lines = text.splitlines()
+  assert lines[0] == "client 2: AssertionError: wrong on purpose in client 2"
+  assert lines[1] == ("clients 0, 1, 3 stopped as a consequence (exit code 75: "
+                      "jdtensor's heartbeat).")
+  assert "--- client 2 ---" in lines
+  # Its traceback points at the test's own line, with pytest's rewritten assert.
+  assert re.search(r'File ".*multi_client_examples\.py", line \d+, in '
+                   r"test_only_client_2_fails\n    assert k != 2", text)
+  assert "assert 2 != 2" in text
+  assert "--- client 0 ---" not in text  # Consequences are not reported as failures.
+  pids = [int(p) for p in re.findall(r"^\[client \d\] FAILING-TEST-PID (\d+)$",
+                                     out, re.M)]
+  assert len(pids) == 4 and not any(pid_alive(p) for p in pids)
+
+
+def test_a_hanging_client_times_out_naming_it_with_its_stack(examples):
+  _, outcomes, out = examples
+  outcome, _, text = outcomes["test_client_1_hangs"]
+  assert outcome == "failure", out
+  lines = text.splitlines()
+  assert lines[0] == ("test_client_1_hangs: timed out after 8 s: client 1 did "
+                      "not finish (client 0 had returned).")
+  where = lines[lines.index("--- client 1: where it was ---") + 1:]
+  assert where[0] == "Main thread (most recent call first):"
+  assert re.match(r'  File ".*multi_client_examples\.py", line \d+ in '
+                  r"test_client_1_hangs$", where[1]), text
+  pids = [int(p) for p in re.findall(r"^\[client \d\] HANGING-TEST-PID (\d+)$",
+                                     out, re.M)]
+  assert len(pids) == 2 and not any(pid_alive(p) for p in pids)
+
+
+def test_parametrize_values_reach_every_client(examples):
+  _, outcomes, out = examples
+  for case in ("test_parameters_reach_every_client[1-1]",
+               "test_parameters_reach_every_client[3-3]"):
+    assert outcomes[case][0] == "passed", out
+  for scale in (1, 3):
+    for client in (0, 1):
+      assert f"[client {client}] PARAM client={client} scale={scale}" in out
+
+
+def test_the_marker_form_and_a_method(examples):
+  _, outcomes, out = examples
+  assert outcomes["test_marker_form"][0] == "passed", out
+  assert outcomes["test_method_sees_its_instance"][0] == "passed", out
+
+
+def test_fixtures_are_refused_with_a_reason(examples):
+  _, outcomes, _ = examples
+  outcome, _, text = outcomes["test_marker_with_a_fixture"]
+  assert outcome == "failure"
+  assert text.strip() == (
+      "test_marker_with_a_fixture asks for fixture(s) tmp_path, but a "
+      "multi-client test body runs in other processes and gets only "
+      "pytest.mark.parametrize values. Create what the body needs inside it "
+      "(e.g. tempfile.mkdtemp() instead of tmp_path), or pass it as a parameter.")
+
+
+def test_run_in_multi_client_returns_values_in_client_order(examples):
+  _, outcomes, out = examples
+  assert outcomes["test_run_in_multi_client_returns_each_clients_value"][0] == (
+      "passed"), out
+
+
+def test_the_pytest_process_never_starts_jax(examples):
+  code, outcomes, out = examples
+  assert outcomes["test_the_pytest_process_never_imported_jax"][0] == "passed", out
+  assert code == 1  # Exactly the tests that fail on purpose failed.
+  assert sorted(k for k, v in outcomes.items() if v[0] != "passed") == [
+      "test_client_1_hangs", "test_marker_with_a_fixture",
+      "test_only_client_2_fails"]
+
+
+def test_a_module_that_fails_to_import_in_the_clients():
+  code, outcomes, out = run_pytest(os.path.join(HERE, "multi_client_import_error.py"),
+                                   timeout=120)
+  outcome, _, text = outcomes["test_never_runs"]
+  assert code == 1 and outcome == "failure", out
+  lines = text.splitlines()
+  first = [line for line in lines if line.startswith("client ")]
+  assert first[0] in (
+      f"client {c}: ModuleNotFoundError: No module named "
+      "'a_module_only_the_parent_has' (while importing the test module)"
+      for c in (0, 1))
+  assert "the body must not run" not in out
+
+
+def test_the_timeout_option_and_bad_values():
+  path = os.path.join(HERE, "multi_client_examples.py")
+  code, _, out = run_pytest(path, "--jdtensor-timeout=-3", timeout=60)
+  assert code == 4, out  # pytest's usage error.
+  assert ("--jdtensor-timeout must be a number of seconds > 0, got '-3'") in out
+  code, outcomes, out = run_pytest(path, "--jdtensor-timeout=0.5", "-k",
+                                   "test_marker_form", timeout=60)
+  outcome, _, text = outcomes["test_marker_form"]
+  assert outcome == "failure" and "timed out after 0.5 s" in text.splitlines()[0], out
+
+
+def test_the_readme_example_passes(tmp_path):
+  """The README's example test file, as a user copies it."""
+  text = open(os.path.join(REPO, "README.md")).read()
+  section = text[text.index("## Testing your multi-client code"):]
+  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  path = tmp_path / "test_psum.py"
+  path.write_text(code)
+  code, outcomes, out = run_pytest(str(path), "--jdtensor-timeout=300",
+                                   timeout=300)
+  assert code == 0 and len(outcomes) == 5, out
+  assert all(v[0] == "passed" for v in outcomes.values()), out
