@@ -75,13 +75,13 @@ def rss_mib() -> float:
 def rss() -> None:
   """Resident memory once the runtime (and the heartbeat) are up and idle."""
   first_collective(exit_after=False)
-  from jdtensor import heartbeat, runtime  # pylint: disable=g-import-not-at-top
+  from jdtensor import heartbeat, mesh_util  # pylint: disable=g-import-not-at-top
   hb = heartbeat.current()
   if hb is not None:
     hb.ready.wait(60)
   time.sleep(2.0)
   print(f"RSS_MIB {rss_mib():.1f}", flush=True)
-  runtime.wait_at_barrier("bench-rss", 60_000)
+  mesh_util._wait_at_barrier("bench-rss", 60_000)  # pylint: disable=protected-access
   os._exit(0)
 
 
@@ -92,7 +92,7 @@ def first_collective(exit_after: bool = True) -> None:
   from jax.sharding import PartitionSpec as P
 
   import jdtensor
-  from jdtensor import Layout, runtime
+  from jdtensor import Layout, mesh_util
   jdtensor.initialize_accelerator_system("CPU")
   n = jdtensor.num_global_devices("CPU")
   mesh = jdtensor.create_distributed_mesh([("x", n)])
@@ -103,7 +103,7 @@ def first_collective(exit_after: bool = True) -> None:
   assert float(np.asarray(total.addressable_data(0))[0]) == n
   print(f"FIRST_COLLECTIVE_AT {time.time():.6f}", flush=True)
   if exit_after:
-    runtime.wait_at_barrier("bench-done", 60_000)  # Nobody exits mid-collective.
+    mesh_util._wait_at_barrier("bench-done", 60_000)  # pylint: disable=protected-access  # Nobody exits mid-collective.
     os._exit(0)
 
 

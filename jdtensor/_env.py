@@ -43,6 +43,7 @@ __all__ = [
     "DTENSOR_GPU_USE_NCCL_COMMUNICATION",
     "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION",
     "JDTENSOR_INIT_TIMEOUT",
+    "JDTENSOR_COORDINATION_TIMEOUT",
     "JDTENSOR_HEARTBEAT_TIMEOUT",
     "JDTENSOR_SHUTDOWN_TIMEOUT",
     "JDTENSOR_COORDINATOR_BIND_ADDRESS",
@@ -53,6 +54,9 @@ __all__ = [
     "JDTENSOR_STALL_KILL_ALL_WAITING",
     "JDTENSOR_REPORT_DIR",
     "JDTENSOR_RUN_SECRET",
+    "JDTENSOR_CLUSTER_DETECTION",
+    "JDTENSOR_SIMULATED_TPU_TOPOLOGY",
+    "JAX_NUM_CPU_DEVICES",
     "MAX_TIMEOUT",
     "parse_host",
     "parse_port",
@@ -75,6 +79,13 @@ __all__ = [
     "read_cluster_env",
     "Timeouts",
     "read_timeouts",
+    "read_bind_override",
+    "read_cpu_device_count",
+    "read_report_dir",
+    "read_legacy_num_clients",
+    "read_seed_job_name",
+    "read_visible_gpu_limit",
+    "read_simulated_tpu_shape",
 ]
 
 # DTensor's own variables (TF names, read by TF DTensor too).
@@ -88,6 +99,10 @@ DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION = "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION"
 
 # jdtensor's own knobs for the JAX runtime underneath.
 JDTENSOR_INIT_TIMEOUT = "JDTENSOR_INIT_TIMEOUT"
+# How long JAX's coordination service waits for a silent client (its own
+# heartbeat, not jdtensor's). JDTENSOR_HEARTBEAT_TIMEOUT is its deprecated
+# name, read for one release.
+JDTENSOR_COORDINATION_TIMEOUT = "JDTENSOR_COORDINATION_TIMEOUT"
 JDTENSOR_HEARTBEAT_TIMEOUT = "JDTENSOR_HEARTBEAT_TIMEOUT"
 JDTENSOR_SHUTDOWN_TIMEOUT = "JDTENSOR_SHUTDOWN_TIMEOUT"
 JDTENSOR_COORDINATOR_BIND_ADDRESS = "JDTENSOR_COORDINATOR_BIND_ADDRESS"
@@ -102,6 +117,16 @@ JDTENSOR_REPORT_DIR = "JDTENSOR_REPORT_DIR"
 # The run's shared secret: the start-up handshake authenticates every client
 # with it (`jdtensor launch` makes one per run).
 JDTENSOR_RUN_SECRET = "JDTENSOR_RUN_SECRET"
+# How to find the cluster when DTENSOR_* is unset (see `jdtensor.cluster`).
+JDTENSOR_CLUSTER_DETECTION = "JDTENSOR_CLUSTER_DETECTION"
+# A TPU slice simulated on CPU devices, "XxYxZxC" (see `SimulatedTopology`).
+JDTENSOR_SIMULATED_TPU_TOPOLOGY = "JDTENSOR_SIMULATED_TPU_TOPOLOGY"
+
+# JAX's own variables that jdtensor reads (never writes).
+JAX_NUM_CPU_DEVICES = "JAX_NUM_CPU_DEVICES"
+_XLA_FLAGS = "XLA_FLAGS"
+_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+_DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 _TRUE = frozenset({"1", "true", "yes"})
 _FALSE = frozenset({"0", "false", "no"})
@@ -471,13 +496,18 @@ class ClusterEnv:
     return self.jobs[0] if self.jobs else None
 
 
-def read_cluster_env(environ: Mapping[str, str] | None = None) -> ClusterEnv:
+def read_cluster_env(environ: Mapping[str, str] | None = None,
+                     overrides: Mapping[str, str] | None = None) -> ClusterEnv:
   """Reads and validates every cluster variable at once.
+
+  Args:
+    environ: The environment (default ``os.environ``).
+    overrides: Values that win over it (a detected cluster's exports).
 
   Raises:
     ConfigError: For the first invalid variable found.
   """
-  env = dict(_environ(environ))
+  env = {**_environ(environ), **(overrides or {})}
   return ClusterEnv(
       jobs=tuple(jobs(env)),
       num_clients=num_clients(env),
@@ -496,38 +526,151 @@ class Timeouts:
   Attributes:
     init: Start-up in all: the rendezvous and JAX's registration
       (``JDTENSOR_INIT_TIMEOUT``, default 120).
-    heartbeat: How long JAX's coordination service waits for a silent client
-      before declaring it dead (``JDTENSOR_HEARTBEAT_TIMEOUT``, default 100,
-      JAX's default).
+    coordination: How long JAX's coordination service waits for a silent
+      client before declaring it dead (``JDTENSOR_COORDINATION_TIMEOUT``,
+      default 100, JAX's default). JAX's heartbeat, not jdtensor's.
     shutdown: How long the shutdown barrier at exit waits for the other
       clients (``JDTENSOR_SHUTDOWN_TIMEOUT``, default 60).
   """
   init: float = 120.0
-  heartbeat: float = 100.0
+  coordination: float = 100.0
   shutdown: float = 60.0
 
 
+def _coordination_timeout_variable(env: Mapping[str, str]) -> str | None:
+  """Which variable gives the coordination time-out: the new name, or the
+  deprecated one (with a warning); both set to different values is an error."""
+  new, old = env.get(JDTENSOR_COORDINATION_TIMEOUT), env.get(JDTENSOR_HEARTBEAT_TIMEOUT)
+  if old is None:
+    return JDTENSOR_COORDINATION_TIMEOUT if new is not None else None
+  if new is not None and new.strip() != old.strip():
+    raise ConfigError(
+        f"{JDTENSOR_COORDINATION_TIMEOUT}={new!r} and its deprecated name "
+        f"{JDTENSOR_HEARTBEAT_TIMEOUT}={old!r} disagree; unset "
+        f"{JDTENSOR_HEARTBEAT_TIMEOUT}.")
+  if new is None:
+    import logging  # pylint: disable=g-import-not-at-top
+    logging.getLogger("jdtensor").warning(
+        "%s is deprecated: it is JAX's coordination-service time-out, not "
+        "jdtensor's heartbeat; set %s instead.", JDTENSOR_HEARTBEAT_TIMEOUT,
+        JDTENSOR_COORDINATION_TIMEOUT)
+    return JDTENSOR_HEARTBEAT_TIMEOUT
+  return JDTENSOR_COORDINATION_TIMEOUT
+
+
 def read_timeouts(environ: Mapping[str, str] | None = None, *,
-                  init: float | None = None, heartbeat: float | None = None,
+                  init: float | None = None, coordination: float | None = None,
                   shutdown: float | None = None) -> Timeouts:
   """Time-outs: explicit arguments win over the variables, then defaults.
 
   Raises:
-    ConfigError: For a variable or argument that is not a number > 0.
+    ConfigError: For a variable or argument that is not a number > 0, or the
+      coordination time-out set under both its names with different values.
   """
   env = _environ(environ)
   defaults = Timeouts()
   values = {}
-  for field_name, var, arg in (("init", JDTENSOR_INIT_TIMEOUT, init),
-                               ("heartbeat", JDTENSOR_HEARTBEAT_TIMEOUT, heartbeat),
-                               ("shutdown", JDTENSOR_SHUTDOWN_TIMEOUT, shutdown)):
+  for field_name, var, arg in (
+      ("init", JDTENSOR_INIT_TIMEOUT, init),
+      ("coordination", _coordination_timeout_variable(env), coordination),
+      ("shutdown", JDTENSOR_SHUTDOWN_TIMEOUT, shutdown)):
     if arg is not None:
       values[field_name] = parse_timeout(f"{field_name}_timeout", arg)
-    elif env.get(var) is not None:
+    elif var is not None and env.get(var) is not None:
       values[field_name] = parse_timeout(var, env[var])
     else:
       values[field_name] = getattr(defaults, field_name)
   return Timeouts(**values)
+
+
+def read_bind_override(argument: object = None,
+                       environ: Mapping[str, str] | None = None
+                       ) -> tuple[str | None, int | None]:
+  """Where client 0's coordinator listens: the ``coordinator_bind_address``
+  argument, else ``JDTENSOR_COORDINATOR_BIND_ADDRESS``; (None, None) for the
+  default (see `parse_bind_address`)."""
+  if argument is not None:
+    return parse_bind_address("coordinator_bind_address", argument)
+  raw = _environ(environ).get(JDTENSOR_COORDINATOR_BIND_ADDRESS)
+  if raw is not None:
+    return parse_bind_address(JDTENSOR_COORDINATOR_BIND_ADDRESS, raw)
+  return None, None
+
+
+def read_cpu_device_count(environ: Mapping[str, str] | None = None) -> int | None:
+  """The CPU device count the environment gives JAX: ``JAX_NUM_CPU_DEVICES``,
+  else XLA's ``--xla_force_host_platform_device_count``; None if neither
+  (JAX's own reading: a value that is not a positive integer is ignored)."""
+  env = _environ(environ)
+  raw = env.get(JAX_NUM_CPU_DEVICES, "").strip()
+  if raw.isascii() and raw.isdigit() and 0 < int(raw) <= 1 << 20:
+    return int(raw)
+  match = _DEVICE_COUNT_FLAG.search(env.get(_XLA_FLAGS, ""))
+  return int(match.group(1)) if match and 0 < int(match.group(1)) <= 1 << 20 else None
+
+
+def read_report_dir(environ: Mapping[str, str] | None = None) -> str | None:
+  """``JDTENSOR_REPORT_DIR`` (set by `jdtensor launch`), or None."""
+  return _environ(environ).get(JDTENSOR_REPORT_DIR) or None
+
+
+def read_legacy_num_clients(environ: Mapping[str, str] | None = None) -> int | None:
+  """The legacy ``DTENSOR_NUM_CLIENTS`` as the seed reads it; None when unset.
+
+  Raises:
+    ConfigError: If it is set and not an integer.
+  """
+  raw = _environ(environ).get(DTENSOR_NUM_CLIENTS)
+  if raw is None or not raw.strip():
+    return None
+  return parse_int(DTENSOR_NUM_CLIENTS, raw, hint="set it to the number of clients.")
+
+
+def read_seed_job_name(environ: Mapping[str, str] | None = None) -> str:
+  """``DTENSOR_JOB_NAME`` as the seed's entry points read it: unchecked,
+  ``localhost`` when unset (which means single-client mode there)."""
+  return _environ(environ).get(DTENSOR_JOB_NAME, "localhost")
+
+
+_TPU_SHAPE_RE = re.compile(r"\s*([0-9]+)x([0-9]+)x([0-9]+)x([0-9]+)\s*", re.ASCII)
+
+
+def read_simulated_tpu_shape(environ: Mapping[str, str] | None = None
+                             ) -> tuple[int, int, int, int] | None:
+  """``JDTENSOR_SIMULATED_TPU_TOPOLOGY`` as (X, Y, Z, C); None when unset.
+
+  Raises:
+    ConfigError: If it is not ``XxYxZxC`` with positive sizes, C is not 1 or 2,
+      or X or Y does not split into 2-chip host blocks.
+  """
+  raw = _environ(environ).get(JDTENSOR_SIMULATED_TPU_TOPOLOGY)
+  if raw is None or not raw.strip():
+    return None
+  match = _TPU_SHAPE_RE.fullmatch(raw)
+  name = JDTENSOR_SIMULATED_TPU_TOPOLOGY
+  if not match or any(not 1 <= int(g) <= 1 << 16 for g in match.groups()):
+    raise ConfigError(
+        f"{name}={raw!r} is not a TPU slice shape; use XxYxZxC with positive "
+        "chip counts along x, y, z and cores per chip, e.g. '2x2x1x2' (one host "
+        "of 8 cores) or '4x4x1x2' (4 hosts).")
+  shape = tuple(int(g) for g in match.groups())
+  if shape[3] not in (1, 2):
+    raise ConfigError(f"{name}={raw!r}: TPU chips have 1 or 2 cores, got "
+                      f"{shape[3]}.")
+  for axis, size in (("x", shape[0]), ("y", shape[1])):
+    if size > 1 and size % 2:
+      raise ConfigError(
+          f"{name}={raw!r} does not divide into hosts: hosts are 2x2-chip "
+          f"blocks, so the {axis} size must be 1 or even, got {size}.")
+  return shape  # type: ignore[return-value]
+
+
+def read_visible_gpu_limit(environ: Mapping[str, str] | None = None) -> int | None:
+  """How many GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible; None when unset."""
+  visible = _environ(environ).get(_CUDA_VISIBLE_DEVICES)
+  if visible is None:
+    return None
+  return len([v for v in visible.split(",") if v.strip()])
 
 
 HEARTBEAT_POLICIES = ("terminate", "raise", "log")

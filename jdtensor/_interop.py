@@ -1,9 +1,14 @@
-"""Conversions between jdtensor's Mesh/Layout and ``jax.sharding``.
+"""What jdtensor's Mesh/Layout need from JAX: devices, meshes, shardings.
 
-JAX-aware, no side effects of its own: device lookups go through
+JAX-aware, no state of its own beyond caches: device lookups go through
 `jdtensor.runtime`, which owns the dense DTensor-id -> ``jax.Device`` table.
 JAX device ids are never used as DTensor ids (process 1's CPU devices are
 2048, 2049, ... in JAX).
+
+It never imports `jdtensor.layout`: the data model calls down here from its
+JAX conversion methods (``Mesh.jax_mesh``, ``Layout.to_jax_sharding``, ...)
+and builds its own objects from the plain values returned; meshes and
+layouts are read here by their attributes only.
 """
 
 from __future__ import annotations
@@ -11,18 +16,18 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from jdtensor import runtime
 from jdtensor.device_spec import DeviceSpec
-from jdtensor.layout import _ANY, MATCH, UNSHARDED, Layout, LayoutType, Mesh
 
-__all__ = ["to_jax_mesh", "from_jax_mesh", "to_partition_spec",
-           "to_jax_sharding", "layout_from_jax_sharding", "resolve_device",
-           "local_jax_devices",
-           "remember_layout", "recorded_layout"]
+__all__ = ["resolve_device", "mesh_devices", "to_jax_mesh", "describe_jax_mesh",
+           "single_device_sharding", "named_sharding", "note_mesh", "known_mesh",
+           "note_sharding", "sharding_origin", "remember_layout",
+           "recorded_layout", "local_jax_devices", "sum_over_devices"]
 
 
 def resolve_device(device: str) -> Any:
@@ -51,8 +56,13 @@ def resolve_device(device: str) -> Any:
   return devices[spec.device_index]
 
 
-def _mesh_devices(mesh: Mesh) -> list[Any]:
-  """One jax.Device per global id, in global-id order."""
+def mesh_devices(mesh: Any) -> list[Any]:
+  """One ``jax.Device`` per global id of a jdtensor `Mesh`, in global-id order.
+
+  Raises:
+    ValueError: If a device does not exist, or the other clients' devices
+      cannot be inferred.
+  """
   size = int(np.prod(mesh.shape()))
   registered = runtime.registered_tpu_mesh_devices(mesh.name)
   if registered is not None and len(registered) == size and (
@@ -84,6 +94,65 @@ def _mesh_devices(mesh: Mesh) -> list[Any]:
   return out
 
 
+def to_jax_mesh(mesh: Any, axis_types: Any = None) -> Any:
+  """The ``jax.sharding.Mesh`` of a jdtensor `Mesh` (axis types default to
+  Auto); the mesh checked its dimension names when it was made."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if mesh.is_single_device() or not mesh.shape():
+    raise ValueError(
+        f"Mesh {mesh.to_string()!r} has no dimensions, so it has no "
+        "jax.sharding.Mesh; use Layout.to_jax_sharding() for a single device.")
+  devices = mesh_devices(mesh)
+  if len(set(devices)) != len(devices):
+    raise ValueError(f"Mesh {mesh.to_string()!r} places two global ids on the "
+                     "same device.")
+  names = tuple(mesh.dim_names)
+  if axis_types is None:
+    axis_types = (jax.sharding.AxisType.Auto,) * len(names)
+  array = np.empty(len(devices), dtype=object)
+  array[:] = devices
+  jax_mesh = jax.sharding.Mesh(array.reshape(mesh.shape()), names,
+                               axis_types=tuple(axis_types))
+  note_mesh(jax_mesh, mesh)
+  return jax_mesh
+
+
+def describe_jax_mesh(jax_mesh: Any) -> dict[str, Any]:
+  """What a DTensor mesh of a ``jax.sharding.Mesh`` is made of.
+
+  Returns:
+    ``names``, ``shape``, ``devices`` (row-major), ``strings`` (their DTensor
+    device strings), and this process's ``local_ids`` (positions) and
+    ``local_strings``.
+
+  Raises:
+    TypeError: If `jax_mesh` is not a ``jax.sharding.Mesh``.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if not isinstance(jax_mesh, jax.sharding.Mesh):
+    raise TypeError(f"jax_mesh must be a jax.sharding.Mesh, got "
+                    f"{type(jax_mesh).__name__}.")
+  devices = list(jax_mesh.devices.flat)
+  strings = [runtime.device_string(d) for d in devices]
+  me = runtime.process_index()
+  local = [i for i, d in enumerate(devices) if d.process_index == me]
+  return {"names": [str(n) for n in jax_mesh.axis_names],
+          "shape": list(jax_mesh.devices.shape), "devices": devices,
+          "strings": strings, "local_ids": local,
+          "local_strings": [strings[i] for i in local]}
+
+
+def single_device_sharding(device: str) -> Any:
+  """``SingleDeviceSharding`` on a DTensor device string."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.sharding.SingleDeviceSharding(resolve_device(device))
+
+
+def named_sharding(jax_mesh: Any, spec: Any) -> Any:
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.sharding.NamedSharding(jax_mesh, spec)
+
+
 # Where a layout is found again (so that `fetch_layout` gives back the exact
 # Layout, mesh name and PARTED/STATIC type included). Caches, not runtime
 # state; each entry dies with what it describes:
@@ -97,14 +166,41 @@ def _mesh_devices(mesh: Mesh) -> list[Any]:
 # * the jdtensor Mesh most recently turned into each JAX mesh (meshes that
 #   differ only in name give equal JAX meshes), for shardings made by hand.
 _lock = threading.Lock()
-_ARRAY_LAYOUTS: dict[int, tuple[Any, Layout]] = {}
-_SHARDING_LAYOUTS: weakref.WeakValueDictionary[int, Layout] = (
+_ARRAY_LAYOUTS: dict[int, tuple[Any, Any]] = {}
+_SHARDING_LAYOUTS: weakref.WeakValueDictionary[int, Any] = (
     weakref.WeakValueDictionary())
-_MESHES: collections.OrderedDict[Any, Mesh] = collections.OrderedDict()
+_MESHES: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 _MESHES_LIMIT = 4096
 
 
-def remember_layout(array: Any, layout: Layout) -> Any:
+def note_mesh(jax_mesh: Any, mesh: Any) -> None:
+  """Records that `mesh` (a jdtensor Mesh) made `jax_mesh`."""
+  with _lock:
+    _MESHES.pop(jax_mesh, None)
+    _MESHES[jax_mesh] = mesh
+    while len(_MESHES) > _MESHES_LIMIT:
+      _MESHES.popitem(last=False)
+
+
+def known_mesh(jax_mesh: Any) -> Any:
+  """The jdtensor Mesh most recently turned into `jax_mesh`, or None."""
+  return _MESHES.get(jax_mesh)
+
+
+def note_sharding(sharding: Any, layout: Any) -> None:
+  """Records that `layout` made `sharding` (the layout keeps it)."""
+  _SHARDING_LAYOUTS[id(sharding)] = layout
+
+
+def sharding_origin(sharding: Any) -> Any:
+  """The Layout that made `sharding`, or None."""
+  layout = _SHARDING_LAYOUTS.get(id(sharding))
+  if layout is not None and layout._jax_sharding is sharding:  # pylint: disable=protected-access
+    return layout
+  return None
+
+
+def remember_layout(array: Any, layout: Any) -> Any:
   """Records that `array` has `layout`; returns `array`."""
   key = id(array)
   try:
@@ -115,162 +211,68 @@ def remember_layout(array: Any, layout: Layout) -> Any:
   return array
 
 
-def recorded_layout(array: Any) -> Layout | None:
+def recorded_layout(array: Any) -> Any:
   """The Layout jdtensor recorded for `array` or for its sharding, if any."""
   entry = _ARRAY_LAYOUTS.get(id(array))
   if entry is not None and entry[0]() is array:
     return entry[1]
-  sharding = getattr(array, "sharding", None)
-  layout = _SHARDING_LAYOUTS.get(id(sharding))
-  if layout is not None and layout._jax_sharding is sharding:  # pylint: disable=protected-access
-    return layout
-  return None
+  return sharding_origin(getattr(array, "sharding", None))
 
 
-def _note_mesh(jax_mesh: Any, mesh: Mesh) -> None:
-  with _lock:
-    _MESHES.pop(jax_mesh, None)
-    _MESHES[jax_mesh] = mesh
-    while len(_MESHES) > _MESHES_LIMIT:
-      _MESHES.popitem(last=False)
-
-
-def to_jax_mesh(mesh: Mesh, axis_types: Any = None) -> Any:
-  """Builds the ``jax.sharding.Mesh`` for `mesh` (axis types default to Auto)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if mesh.is_single_device() or not mesh.shape():
-    raise ValueError(
-        f"Mesh {mesh.to_string()!r} has no dimensions, so it has no "
-        "jax.sharding.Mesh; use Layout.to_jax_sharding() for a single device.")
-  names = mesh.dim_names
-  bad = [n for n in names if names.count(n) > 1 or n in (UNSHARDED, MATCH, _ANY)]
-  if bad:
-    raise ValueError(f"Mesh {mesh.to_string()!r}: dimension name {bad[0]!r} is "
-                     "repeated or reserved, so it cannot be a JAX mesh axis.")
-  devices = _mesh_devices(mesh)
-  if len(set(devices)) != len(devices):
-    raise ValueError(f"Mesh {mesh.to_string()!r} places two global ids on the "
-                     "same device.")
-  if axis_types is None:
-    axis_types = (jax.sharding.AxisType.Auto,) * len(names)
-  array = np.empty(len(devices), dtype=object)
-  array[:] = devices
-  jax_mesh = jax.sharding.Mesh(array.reshape(mesh.shape()), tuple(names),
-                               axis_types=tuple(axis_types))
-  _note_mesh(jax_mesh, mesh)
-  return jax_mesh
-
-
-def from_jax_mesh(jax_mesh: Any, mesh_name: str = "",
-                  use_xla_spmd: bool = False) -> Mesh:
-  """Builds the DTensor `Mesh` for a ``jax.sharding.Mesh``."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if not isinstance(jax_mesh, jax.sharding.Mesh):
-    raise TypeError(f"jax_mesh must be a jax.sharding.Mesh, got "
-                    f"{type(jax_mesh).__name__}.")
-  devices = list(jax_mesh.devices.flat)
-  names = [str(n) for n in jax_mesh.axis_names]
-  shape = list(jax_mesh.devices.shape)
-  strings = [runtime.device_string(d) for d in devices]
-  me = runtime.process_index()
-  local = [(i, s) for i, (d, s) in enumerate(zip(devices, strings))
-           if d.process_index == me]
-  ids = np.arange(len(devices)).reshape(shape)
-  args = (names, ids, [i for i, _ in local], [s for _, s in local], mesh_name)
-  try:
-    mesh = Mesh(*args, use_xla_spmd=use_xla_spmd)
-    if _mesh_devices(mesh) == devices:
-      return mesh
-  except ValueError:
-    pass
-  return Mesh(*args, global_devices=strings, use_xla_spmd=use_xla_spmd)
-
-
-def to_partition_spec(layout: Layout) -> Any:
-  """``PartitionSpec`` with one entry per tensor axis (UNSHARDED -> None)."""
-  from jax.sharding import PartitionSpec  # pylint: disable=g-import-not-at-top
-  entries = []
-  for spec in layout.sharding_specs:
-    if spec in (MATCH, _ANY):
-      raise ValueError(f"Layout {layout.to_string()!r}: sharding spec {spec!r} "
-                       "has no jax.sharding equivalent; resolve it to a mesh "
-                       "dimension or UNSHARDED first.")
-    entries.append(None if spec == UNSHARDED else spec)
-  return PartitionSpec(*entries)
-
-
-def local_jax_devices(layout: Layout) -> list[Any]:
+def local_jax_devices(layout: Any) -> list[Any]:
   """This client's devices of `layout`'s mesh, in local-device-id order.
 
   Read off the layout's (cached) sharding, so repeated pack and unpack calls
   do not parse device strings again.
   """
-  sharding = to_jax_sharding(layout)
+  sharding = layout.to_jax_sharding()
   mesh = layout.mesh
-  if layout.type == LayoutType.SINGLE_DEVICE or mesh.is_single_device():
+  if mesh.is_single_device() or not hasattr(sharding, "mesh"):
     return [resolve_device(d) for d in mesh.local_devices()]
   flat = sharding.mesh.devices.flat
   first = mesh.min_global_device_id()
   return [flat[i - first] for i in mesh.local_device_ids()]
 
 
-def to_jax_sharding(layout: Layout) -> Any:
-  """``NamedSharding`` (or ``SingleDeviceSharding``) for `layout`.
+_SUMS: collections.OrderedDict[Any, Any] = collections.OrderedDict()  # jax mesh -> jitted sum
+_SUMS_LIMIT = 64
 
-  Made once per Layout object (it keeps it) and recorded, so that arrays
-  with this sharding give this exact layout back.
+
+def _sum_rows(rows: Any) -> Any:
+  return rows.sum(axis=0)
+
+
+def sum_over_devices(devices: Sequence[Any], local_rows: Sequence[np.ndarray]
+                     ) -> np.ndarray:
+  """One all-reduce over `devices` (every client's), read back here.
+
+  Args:
+    devices: Every device taking part, in the same order on every client.
+    local_rows: One array per device of this process, in the order they
+      appear in `devices`, all of one shape and dtype.
+
+  Returns:
+    The element-wise sum of every device's row, on every client.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  if layout._jax_sharding is not None:  # pylint: disable=protected-access
-    return layout._jax_sharding  # pylint: disable=protected-access
-  if layout.type == LayoutType.SINGLE_DEVICE:
-    sharding = jax.sharding.SingleDeviceSharding(
-        resolve_device(layout.mesh.single_device))
-  else:
-    jax_mesh = layout.mesh.jax_mesh
-    _note_mesh(jax_mesh, layout.mesh)
-    sharding = jax.sharding.NamedSharding(jax_mesh, to_partition_spec(layout))
-  layout._jax_sharding = sharding  # pylint: disable=protected-access
-  _SHARDING_LAYOUTS[id(sharding)] = layout
-  return sharding
-
-
-def layout_from_jax_sharding(sharding: Any, rank: int | None,
-                             mesh: Mesh | None) -> Layout:
-  """The DTensor `Layout` of a ``NamedSharding``."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if not isinstance(sharding, jax.sharding.NamedSharding):
-    raise TypeError(f"sharding must be a jax.sharding.NamedSharding, got "
-                    f"{type(sharding).__name__}.")
-  spec = tuple(sharding.spec)
-  if rank is None:
-    rank = len(spec)
-  if len(spec) > rank:
-    raise ValueError(f"PartitionSpec {sharding.spec} has {len(spec)} entries, "
-                     f"more than rank={rank}.")
-  specs = []
-  for axis, entry in enumerate(spec):
-    if isinstance(entry, tuple):
-      if len(entry) > 1:
-        raise ValueError(
-            f"PartitionSpec {sharding.spec}: tensor axis {axis} is sharded over "
-            f"several mesh axes {entry}; a DTensor layout shards each tensor "
-            "axis over at most one mesh dimension.")
-      entry = entry[0] if entry else None
-    if entry is None:
-      specs.append(UNSHARDED)
-    elif isinstance(entry, str):
-      specs.append(entry)
-    else:
-      raise ValueError(f"PartitionSpec {sharding.spec}: entry {entry!r} on "
-                       f"tensor axis {axis} has no DTensor equivalent.")
-  specs += [UNSHARDED] * (rank - len(specs))
-  layout_type = LayoutType.STATIC
-  if mesh is None:
-    origin = _SHARDING_LAYOUTS.get(id(sharding))
-    if origin is not None and origin._jax_sharding is sharding:  # pylint: disable=protected-access
-      mesh, layout_type = origin.mesh, origin.type
-    else:
-      mesh = _MESHES.get(sharding.mesh) or Mesh.from_jax_mesh(sharding.mesh)
-  layout = Layout(specs, mesh)
-  return layout.to_parted() if layout_type == LayoutType.PARTED else layout
+  from jax.sharding import PartitionSpec  # pylint: disable=g-import-not-at-top
+  me = jax.process_index()
+  mine = [d for d in devices if d.process_index == me]
+  if len(mine) != len(local_rows):
+    raise ValueError(f"sum_over_devices: {len(local_rows)} rows for {len(mine)} "
+                     "local devices.")
+  array = np.empty(len(devices), dtype=object)
+  array[:] = list(devices)
+  jax_mesh = jax.sharding.Mesh(array, ("devices",))
+  with _lock:
+    summed = _SUMS.get(jax_mesh)
+    if summed is None:
+      summed = _SUMS[jax_mesh] = jax.jit(
+          _sum_rows, out_shardings=named_sharding(jax_mesh, PartitionSpec()))
+      while len(_SUMS) > _SUMS_LIMIT:
+        _SUMS.popitem(last=False)
+  shards = [jax.device_put(np.asarray(row)[None], d) for row, d in zip(local_rows, mine)]
+  rows = jax.make_array_from_single_device_arrays(
+      (len(devices), *np.shape(local_rows[0])),
+      named_sharding(jax_mesh, PartitionSpec("devices")), shards)
+  return np.asarray(summed(rows).addressable_data(0))

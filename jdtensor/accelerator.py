@@ -14,8 +14,9 @@ Environment variables read at initialisation (all parsed strictly):
   (default true); ``JDTENSOR_HEARTBEAT_PERIOD`` (default 2 s) and
   ``JDTENSOR_HEARTBEAT_POLICY`` (terminate, raise, log): see
   `jdtensor.heartbeat`.
-* ``JDTENSOR_INIT_TIMEOUT`` (default 120 s), ``JDTENSOR_HEARTBEAT_TIMEOUT``
-  (100 s), ``JDTENSOR_SHUTDOWN_TIMEOUT`` (60 s): see `initialize_accelerator_system`.
+* ``JDTENSOR_INIT_TIMEOUT`` (default 120 s), ``JDTENSOR_COORDINATION_TIMEOUT``
+  (100 s; deprecated name ``JDTENSOR_HEARTBEAT_TIMEOUT``),
+  ``JDTENSOR_SHUTDOWN_TIMEOUT`` (60 s): see `initialize_accelerator_system`.
 * ``JDTENSOR_COORDINATOR_BIND_ADDRESS``: where client 0's coordinator listens
   (default: the host of ``DTENSOR_JOBS[0]``; loopback for ``localhost``).
 * ``JDTENSOR_CLUSTER_DETECTION``: ``none`` (default), ``auto``, ``tpu``,
@@ -34,10 +35,16 @@ Mapping of TF concepts that JAX does not have:
 
 from __future__ import annotations
 
-import os
+import warnings
+from typing import Any
 
-from jdtensor import _env, heartbeat, runtime
-from jdtensor.errors import ConfigError
+from jdtensor import _env, config, heartbeat, runtime
+from jdtensor import cluster as _cluster
+from jdtensor import _logging as logging
+from jdtensor._deadline import Deadline
+from jdtensor.errors import AlreadyInitializedError, ConfigError
+from jdtensor.tpu import system as tpu_system
+from jdtensor.tpu.topology import SimulatedTopology, read_simulated_topology
 
 __all__ = [
     "initialize_accelerator_system",
@@ -60,10 +67,11 @@ def initialize_accelerator_system(
     experimental_enable_megcore: bool | None = False,
     *,
     init_timeout: float | None = None,
-    heartbeat_timeout: float | None = None,
+    coordination_timeout: float | None = None,
     shutdown_timeout: float | None = None,
     coordinator_bind_address: str | None = None,
     cluster_detection: str | None = None,
+    heartbeat_timeout: float | None = None,
 ) -> str:
   """Initialises the accelerator system (DTensor semantics, JAX underneath).
 
@@ -93,8 +101,9 @@ def initialize_accelerator_system(
       doubled (as DTensor).
     init_timeout: Seconds for the whole multi-client start-up
       (``JDTENSOR_INIT_TIMEOUT``, default 120).
-    heartbeat_timeout: Seconds JAX's coordination service waits for a silent
-      client before declaring it dead (``JDTENSOR_HEARTBEAT_TIMEOUT``, 100).
+    coordination_timeout: Seconds JAX's coordination service waits for a
+      silent client before declaring it dead (``JDTENSOR_COORDINATION_TIMEOUT``,
+      100). JAX's own heartbeat, not jdtensor's (`jdtensor.heartbeat`).
     shutdown_timeout: Seconds the exit barrier waits for the other clients
       (``JDTENSOR_SHUTDOWN_TIMEOUT``, 60).
     coordinator_bind_address: Host (or host:port) client 0's coordinator
@@ -105,6 +114,7 @@ def initialize_accelerator_system(
       ``tpu``, ``slurm`` or ``ompi`` (``JDTENSOR_CLUSTER_DETECTION``): fill in
       unset DTENSOR_JOBS/DTENSOR_CLIENT_ID from a TPU pod, SLURM or Open MPI
       environment (see `jdtensor.cluster`).
+    heartbeat_timeout: Deprecated name of `coordination_timeout`.
 
   Returns:
     The initialised device type, upper-case.
@@ -116,12 +126,22 @@ def initialize_accelerator_system(
     RuntimeError: If a running JAX backend prevents the requested set-up.
   """
   del enable_coordination_service  # See above.
+  if heartbeat_timeout is not None:
+    warnings.warn("heartbeat_timeout is deprecated: it is JAX's coordination-"
+                  "service time-out; pass coordination_timeout.",
+                  DeprecationWarning, stacklevel=2)
+    if coordination_timeout is not None and coordination_timeout != heartbeat_timeout:
+      raise ConfigError(
+          f"coordination_timeout={coordination_timeout!r} and its deprecated name "
+          f"heartbeat_timeout={heartbeat_timeout!r} disagree; pass only "
+          "coordination_timeout.")
+    coordination_timeout = heartbeat_timeout
   return _initialize(
       megacore=bool(experimental_enable_megcore),
       device_type=device_type,
       num_logical_cpu_devices=num_logical_cpu_devices,
       experimental_reset_context=bool(experimental_reset_context),
-      init_timeout=init_timeout, heartbeat_timeout=heartbeat_timeout,
+      init_timeout=init_timeout, coordination_timeout=coordination_timeout,
       shutdown_timeout=shutdown_timeout,
       coordinator_bind_address=coordinator_bind_address,
       cluster_detection=cluster_detection)
@@ -146,32 +166,124 @@ def is_initialized() -> bool:
   return runtime.is_initialized()
 
 
-def _initialize(**kwargs) -> str:
-  """runtime.initialize, then the exit guard and the heartbeat (multi-client)."""
+def _initialize(device_type: str | None = None,
+                num_logical_cpu_devices: int | None = None,
+                experimental_reset_context: bool = False, *,
+                cluster: _env.ClusterEnv | None = None,
+                init_timeout: float | None = None,
+                coordination_timeout: float | None = None,
+                shutdown_timeout: float | None = None,
+                coordinator_bind_address: str | None = None,
+                megacore: bool = False,
+                cluster_detection: str | None = None) -> str:
+  """Resolves what to start (`_plan`), starts the runtime with the TPU system
+  set-up, then installs the exit guard and the heartbeat (multi-client)."""
   # Read the heartbeat settings first: a bad value must fail before the
   # cluster forms, not after; every client must have the same.
   settings = _env.read_heartbeat_settings()
-  device_type = runtime.initialize(agreed=settings.handshake(), **kwargs)
-  env = runtime.state().env
-  if runtime.state().multi_client and env is not None:
+  plan = _plan(device_type, num_logical_cpu_devices, experimental_reset_context,
+               cluster, init_timeout, coordination_timeout, shutdown_timeout,
+               coordinator_bind_address, cluster_detection, settings.handshake())
+  device_type = runtime.initialize(plan, tpu_setup=lambda: tpu_system.initialize(
+      plan.cluster, plan.simulated_tpu, megacore))
+  if runtime.state().multi_client:
     heartbeat.install_exit_guard()
-    if env.heartbeat_enabled:
+    if plan.cluster.heartbeat_enabled:
       heartbeat.start(settings.period, settings.policy)
   return device_type
+
+
+def _plan(device_type: Any, num_logical_cpu_devices: Any,
+          reset_requested: bool, cluster: _env.ClusterEnv | None,
+          init_timeout: float | None, coordination_timeout: float | None,
+          shutdown_timeout: float | None, coordinator_bind_address: Any,
+          cluster_detection: str | None,
+          agreed: dict[str, object]) -> runtime.StartupPlan:
+  """Every argument and variable of `initialize_accelerator_system`, checked
+  (DTensor's order and messages), as the runtime's `StartupPlan`."""
+  if runtime.is_initialized():
+    # DTensor-compatible message.
+    raise AlreadyInitializedError(
+        "Accelerator system has already been initialized. Call "
+        "tf.experimental.dtensor.shutdown_accelerator_system() first.")
+  if cluster is None:
+    # Detection fills in only what the user left unset. It does not write
+    # os.environ: the config functions answer from the runtime's record once
+    # initialised, and child processes get the exports only when asked
+    # (`jdtensor env`).
+    exports = _cluster.resolve(method=cluster_detection)
+    if exports:
+      logging.info("jdtensor: cluster detected: %s", exports)
+    cluster = _env.read_cluster_env(overrides=exports)
+  timeouts = _env.read_timeouts(init=init_timeout, coordination=coordination_timeout,
+                                shutdown=shutdown_timeout)
+  deadline = Deadline(timeouts.init)
+  # Parsed now: a bad value fails before the cluster forms, naming itself.
+  bind = _env.read_bind_override(coordinator_bind_address)
+  secret = _env.read_run_secret()
+  if device_type is None:
+    device_type = config.preferred_device_type()
+  if not isinstance(device_type, str):
+    raise TypeError(f"device_type must be a str, got {device_type!r}.")
+  device_type = device_type.upper()
+  if device_type not in runtime.PLATFORMS:
+    # DTensor-compatible message.
+    raise ValueError(f"Unknown device_type {device_type}. Allowed values are "
+                     "CPU, GPU, or TPU")
+  if num_logical_cpu_devices is not None and (
+      not isinstance(num_logical_cpu_devices, int) or
+      isinstance(num_logical_cpu_devices, bool) or num_logical_cpu_devices < 1):
+    raise ValueError("num_logical_cpu_devices must be a positive int, got "
+                     f"{num_logical_cpu_devices!r}.")
+  cpu_devices = num_logical_cpu_devices
+  simulated = read_simulated_topology() if device_type == "TPU" else None
+  if simulated is not None:
+    cpu_devices = _simulated_cpu_devices(simulated, cluster, cpu_devices)
+  elif device_type != "CPU":
+    n = config.num_local_devices(device_type)
+    if cpu_devices is None:
+      cpu_devices = max(runtime.cpu_device_count(), n)
+    elif cpu_devices < n:
+      # DTensor-compatible message.
+      raise ValueError(
+          f"If set, `num_logical_cpu_devices` (={cpu_devices}) must be greater "
+          f"than or equal to the number of local {device_type} devices (={n})")
+  if device_type == "CPU" or simulated is not None:
+    local_devices = cpu_devices or runtime.cpu_device_count()
+  else:
+    local_devices = config.num_local_devices(device_type)
+  return runtime.StartupPlan(
+      device_type=device_type, cluster=cluster, timeouts=timeouts,
+      deadline=deadline, cpu_devices=cpu_devices, reset_requested=reset_requested,
+      local_devices=local_devices, bind=bind, secret=secret, agreed=agreed,
+      simulated_tpu=simulated)
+
+
+def _simulated_cpu_devices(sim: SimulatedTopology, cluster: _env.ClusterEnv,
+                           requested: int | None) -> int:
+  """Checks a simulated TPU slice against the cluster; its CPU device count."""
+  name = f"{_env.JDTENSOR_SIMULATED_TPU_TOPOLOGY}={sim.text!r}"
+  if sim.num_hosts != cluster.num_clients:
+    raise ConfigError(
+        f"{name} has {sim.num_hosts} host(s) of {sim.cores_per_host} cores, but "
+        f"there are {cluster.num_clients} client(s) in DTENSOR_JOBS; run one "
+        f"client per host (`jdtensor launch -n {sim.num_hosts} "
+        f"--devices-per-client {sim.cores_per_host}`).")
+  have = requested if requested is not None else runtime.cpu_device_count(
+      explicit_only=True)
+  if have is not None and have != sim.cores_per_host:
+    raise ConfigError(
+        f"{name} gives each host {sim.cores_per_host} cores, but this client is "
+        f"configured for {have} CPU devices (num_logical_cpu_devices, "
+        "JAX_NUM_CPU_DEVICES or the launcher's --devices-per-client); use "
+        f"{sim.cores_per_host}.")
+  return sim.cores_per_host
 
 
 # DTensor's aliases.
 initialize_multi_client = initialize_accelerator_system
 initialize_tpu_system = initialize_accelerator_system
 shutdown_tpu_system = shutdown_accelerator_system
-
-
-def _legacy_num_clients() -> int | None:
-  raw = os.environ.get(_env.DTENSOR_NUM_CLIENTS)
-  if raw is None or not raw.strip():
-    return None
-  return _env.parse_int(_env.DTENSOR_NUM_CLIENTS, raw,
-                        hint="set it to the number of clients.")
 
 
 def dtensor_initialize_multi_client(
@@ -186,8 +298,8 @@ def dtensor_initialize_multi_client(
   Raises:
     ValueError: The seed's messages, and any invalid DTENSOR_* variable.
   """
-  legacy = _legacy_num_clients()
-  name = os.environ.get(_env.DTENSOR_JOB_NAME, "localhost")
+  legacy = _env.read_legacy_num_clients()
+  name = _env.read_seed_job_name()
   if name == "localhost" and legacy is not None and legacy != 1:
     # Seed-compatible message (TF 2.9).
     raise ValueError("DTENSOR_NUM_CLIENTS is set and not 1, while "
@@ -217,7 +329,7 @@ def dtensor_initialize_tpu_system(enable_coordination_service: bool = False
     ValueError: The seed's message when ``DTENSOR_JOBS`` is missing in
       multi-client mode, and any invalid DTENSOR_* variable.
   """
-  name = os.environ.get(_env.DTENSOR_JOB_NAME, "localhost")
+  name = _env.read_seed_job_name()
   if name != "localhost":
     jobs = _env.jobs()
     if not jobs:
@@ -262,7 +374,7 @@ def initialize_multi_client_cluster(job_name: str,
   # Seed-compatible checks and messages (TF 2.10 multi_client_util).
   if runtime.is_initialized():
     raise ValueError("Multi-client mode has already been initialized.")
-  legacy = _legacy_num_clients()
+  legacy = _env.read_legacy_num_clients()
   n = legacy if legacy is not None else len(dtensor_jobs)
   if n <= 1:
     raise ValueError("DTENSOR_NUM_CLIENTS must be set greater than 1 for "

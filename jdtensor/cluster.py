@@ -54,7 +54,7 @@ __all__ = [
     "expand_hostlist",
 ]
 
-JDTENSOR_CLUSTER_DETECTION = "JDTENSOR_CLUSTER_DETECTION"
+JDTENSOR_CLUSTER_DETECTION = _env.JDTENSOR_CLUSTER_DETECTION
 METHODS = ("none", "auto", "tpu", "slurm", "ompi")
 _TPU_PORT = 8482  # JAX's Cloud TPU coordinator port.
 

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Mapping
 
-from jdtensor import _env
+from jdtensor import _env, runtime
 from jdtensor.device_spec import DEVICE_TYPES, DeviceSpec
 
 __all__ = [
@@ -43,11 +42,8 @@ __all__ = [
 
 
 def _initialized_cluster() -> _env.ClusterEnv | None:
-  """The cluster the runtime was initialised with; None before (no jax)."""
-  runtime = sys.modules.get("jdtensor.runtime")
-  if runtime is None or not runtime.is_initialized():
-    return None
-  return runtime.state().env
+  """The cluster the runtime was initialised with; None before."""
+  return runtime.state().env if runtime.is_initialized() else None
 
 
 def client_id() -> int:
@@ -149,13 +145,10 @@ def _count_device_nodes(pattern: re.Pattern[str], directory: str = "/dev") -> in
 def _physical_device_count(device_type: str,
                            environ: Mapping[str, str] | None = None) -> int:
   """GPUs/TPUs attached to this host, found without starting a backend."""
-  env = os.environ if environ is None else environ
   if device_type == "GPU":
     count = _count_device_nodes(_GPU_NODE)
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-      count = min(count, len([v for v in visible.split(",") if v.strip()]))
-    return count
+    visible = _env.read_visible_gpu_limit(environ)
+    return count if visible is None else min(count, visible)
   count = _count_device_nodes(_TPU_NODE)
   if not count:
     vfio = re.compile(r"\d+")
@@ -171,10 +164,9 @@ def num_local_devices(device_type: str) -> int:
   Raises:
     ValueError: If `device_type` is not CPU, GPU or TPU.
   """
-  from jdtensor import runtime  # pylint: disable=g-import-not-at-top
   device_type = _check_device_type(device_type)
   if device_type == "CPU":
-    return runtime.configured_cpu_device_count()
+    return runtime.cpu_device_count()
   if device_type == "TPU":
     simulated = runtime.simulated_tpu()
     if simulated is not None:

@@ -57,6 +57,7 @@ from jdtensor._beat import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, OWN_FAILURE_EXI
                             HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE, Heartbeat)
 from jdtensor._departure import Departure, ExitGuard
 from jdtensor._flight import MainThreadRecorder, format_stacks
+from jdtensor.errors import NotInitializedError
 
 __all__ = ["start", "current", "Heartbeat", "PrivateExchange", "read_period",
            "read_policy", "leave", "install_exit_guard", "dump_stacks",
@@ -120,7 +121,14 @@ class PrivateExchange:
     return self.runtime.all_reduce(row)
 
   def _store(self, private: bool) -> Any:
-    return self.runtime.client if private else runtime.coordination_client()
+    if private:
+      return self.runtime.client
+    from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
+    client = _jax_private.coordination_client()
+    if client is None:
+      raise NotInitializedError("No multi-client runtime: call "
+                                "initialize_accelerator_system() first.")
+    return client
 
   def roll_call(self, beat: int, grace: float) -> set[int] | None:
     """Says "this client is in `beat`"; who else said so within `grace` s.
@@ -268,7 +276,7 @@ def start(period: float, policy: str | None = None) -> threading.Event:
         announce=links.report if links is not None else None,
         wait_peers_gone=links.wait_peers_gone if links is not None else None,
         report=_launcher_report(env.client_id,
-                                os.environ.get(_env.JDTENSOR_REPORT_DIR)),
+                                _env.read_report_dir()),
         on_failure=runtime.record_peer_failure)
     from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
     reason = _jax_private.unavailable_reason()
@@ -332,8 +340,8 @@ def _leave(departure: Departure) -> bool:
       hb.abandon()
     if links is not None:
       links.announce_departure(departure.code, departure.why, True)
-    _launcher_report(me, os.environ.get(_env.JDTENSOR_REPORT_DIR),
-                     departure=True)([me], departure.why)
+    _launcher_report(me, _env.read_report_dir(), departure=True)(
+        [me], departure.why)
     sys.stderr.write(f"jdtensor: client {me} {departure.why}; the other clients "
                      "have been told.\n")
     sys.stderr.flush()

@@ -161,7 +161,7 @@ def worker_env(spec: LaunchSpec, client: int, ports: Sequence[int],
   env[_env.JDTENSOR_RUN_SECRET] = spec.secret
   if spec.device_type.upper() == "CPU":
     env["JAX_PLATFORMS"] = "cpu"
-    env["JAX_NUM_CPU_DEVICES"] = str(spec.devices_per_client)
+    env[_env.JAX_NUM_CPU_DEVICES] = str(spec.devices_per_client)
   env.setdefault("PYTHONUNBUFFERED", "1")
   return env
 

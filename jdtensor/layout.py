@@ -2,7 +2,9 @@
 
 PURE: importing this module never imports jax. The JAX conversions
 (`Mesh.jax_mesh`, `Mesh.from_jax_mesh`, `Layout.to_jax_sharding`,
-`Layout.from_jax_sharding`) import `jdtensor._interop` when called.
+`Layout.from_jax_sharding`) call down into `jdtensor._interop` when called:
+the one sanctioned upward import in the layer table (README, Architecture),
+which never imports this module back.
 
 Constructor checks, string formats and messages follow TF DTensor 2.21
 exactly (``Mesh(...)`` runs the Python constructor's 13 checks in order;
@@ -650,9 +652,22 @@ class Mesh:
     the positions of this process's devices. If the order is not the dense
     order jdtensor would infer, ``global_devices`` is filled in so that
     `jax_mesh` returns the same devices again.
+
+    Raises:
+      TypeError: If `jax_mesh` is not a ``jax.sharding.Mesh``.
     """
     from jdtensor import _interop  # pylint: disable=g-import-not-at-top
-    return _interop.from_jax_mesh(jax_mesh, mesh_name, use_xla_spmd)
+    parts = _interop.describe_jax_mesh(jax_mesh)
+    ids = np.arange(len(parts["devices"])).reshape(parts["shape"])
+    args = (parts["names"], ids, parts["local_ids"], parts["local_strings"],
+            mesh_name)
+    try:
+      mesh = cls(*args, use_xla_spmd=use_xla_spmd)
+      if _interop.mesh_devices(mesh) == parts["devices"]:
+        return mesh
+    except ValueError:
+      pass
+    return cls(*args, global_devices=parts["strings"], use_xla_spmd=use_xla_spmd)
 
 
 class Layout:
@@ -998,14 +1013,36 @@ class Layout:
     Raises:
       ValueError: For MATCH/any specs, which have no JAX equivalent.
     """
-    from jdtensor import _interop  # pylint: disable=g-import-not-at-top
-    return _interop.to_partition_spec(self)
+    from jax.sharding import PartitionSpec  # pylint: disable=g-import-not-at-top
+    entries = []
+    for spec in self._specs:
+      if spec in (MATCH, _ANY):
+        raise ValueError(f"Layout {self.to_string()!r}: sharding spec {spec!r} "
+                         "has no jax.sharding equivalent; resolve it to a mesh "
+                         "dimension or UNSHARDED first.")
+      entries.append(None if spec == UNSHARDED else spec)
+    return PartitionSpec(*entries)
 
   def to_jax_sharding(self) -> Any:
     """The ``jax.sharding.NamedSharding`` on `mesh.jax_mesh` (or a
-    ``SingleDeviceSharding`` for a single-device layout)."""
-    from jdtensor import _interop  # pylint: disable=g-import-not-at-top
-    return _interop.to_jax_sharding(self)
+    ``SingleDeviceSharding`` for a single-device layout).
+
+    Made once per Layout (it keeps it) and recorded, so that arrays with
+    this sharding give this exact layout back (`jdtensor.fetch_layout`).
+    """
+    if self._jax_sharding is None:
+      from jdtensor import _interop  # pylint: disable=g-import-not-at-top
+      if self._type == LayoutType.SINGLE_DEVICE:
+        sharding = _interop.single_device_sharding(self._mesh.single_device)
+      else:
+        jax_mesh = self._mesh.jax_mesh
+        # This mesh is now the latest one behind its JAX mesh (meshes that
+        # differ only in name give equal JAX meshes).
+        _interop.note_mesh(jax_mesh, self._mesh)
+        sharding = _interop.named_sharding(jax_mesh, self.to_partition_spec())
+      self._jax_sharding = sharding
+      _interop.note_sharding(sharding, self)
+    return self._jax_sharding
 
   @classmethod
   def from_jax_sharding(cls, sharding: Any, rank: int | None = None,
@@ -1016,7 +1053,8 @@ class Layout:
       sharding: A ``jax.sharding.NamedSharding``.
       rank: Tensor rank; the PartitionSpec is padded with UNSHARDED up to it
         (JAX allows a spec shorter than the rank). Defaults to its length.
-      mesh: The DTensor mesh to use; defaults to
+      mesh: The DTensor mesh to use; defaults to the Layout that made
+        `sharding`, else the jdtensor mesh last turned into its JAX mesh, else
         ``Mesh.from_jax_mesh(sharding.mesh)``.
 
     Raises:
@@ -1024,8 +1062,45 @@ class Layout:
         spec is longer than `rank`.
       TypeError: If `sharding` is not a NamedSharding.
     """
+    import jax  # pylint: disable=g-import-not-at-top
+
     from jdtensor import _interop  # pylint: disable=g-import-not-at-top
-    return _interop.layout_from_jax_sharding(sharding, rank, mesh)
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+      raise TypeError(f"sharding must be a jax.sharding.NamedSharding, got "
+                      f"{type(sharding).__name__}.")
+    spec = tuple(sharding.spec)
+    if rank is None:
+      rank = len(spec)
+    if len(spec) > rank:
+      raise ValueError(f"PartitionSpec {sharding.spec} has {len(spec)} entries, "
+                       f"more than rank={rank}.")
+    specs = []
+    for axis, entry in enumerate(spec):
+      if isinstance(entry, tuple):
+        if len(entry) > 1:
+          raise ValueError(
+              f"PartitionSpec {sharding.spec}: tensor axis {axis} is sharded "
+              f"over several mesh axes {entry}; a DTensor layout shards each "
+              "tensor axis over at most one mesh dimension.")
+        entry = entry[0] if entry else None
+      if entry is None:
+        specs.append(UNSHARDED)
+      elif isinstance(entry, str):
+        specs.append(entry)
+      else:
+        raise ValueError(f"PartitionSpec {sharding.spec}: entry {entry!r} on "
+                         f"tensor axis {axis} has no DTensor equivalent.")
+    specs += [UNSHARDED] * (rank - len(specs))
+    layout_type = LayoutType.STATIC
+    if mesh is None:
+      origin = _interop.sharding_origin(sharding)
+      if origin is not None:
+        mesh, layout_type = origin.mesh, origin.type
+      else:
+        mesh = _interop.known_mesh(sharding.mesh) or Mesh.from_jax_mesh(
+            sharding.mesh)
+    layout = cls(specs, mesh)
+    return layout.to_parted() if layout_type == LayoutType.PARTED else layout
 
 
 def _check_rank(rank: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Union
 
@@ -11,6 +12,7 @@ from jdtensor import _logging as logging
 
 from jdtensor import _env, _interop, config, runtime
 from jdtensor.device_spec import DeviceSpec
+from jdtensor.errors import BarrierTimeoutError, NotInitializedError
 from jdtensor.layout import Mesh
 from jdtensor.tpu.mesh import create_tpu_mesh
 
@@ -374,8 +376,6 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
   """
   runtime.check_health()
   timeout_in_ms = _check_barrier_timeout(timeout_in_ms)
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
   if barrier_name is None:
     barrier_name = "(barrier)"
   logging.info("entering barrier before op: %s", barrier_name)
@@ -383,18 +383,52 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
     # Unlike DTensor, the bounded coordination barrier comes first: a client
     # that never arrives then raises BarrierTimeoutError instead of leaving
     # the others blocked inside the device all-reduce.
-    runtime.wait_at_barrier(runtime.next_barrier_id(barrier_name), timeout_in_ms)
-  jax_mesh = mesh.jax_mesh
-  rank = len(mesh.shape())
-  sharding = NamedSharding(jax_mesh, PartitionSpec(*mesh.dim_names))
-  ones = jax.make_array_from_callback(
-      tuple(mesh.shape()), sharding, lambda _: np.ones([1] * rank, np.float32))
-  total = jax.jit(jax.numpy.sum,
-                  out_shardings=NamedSharding(jax_mesh, PartitionSpec()))(ones)
-  value = float(np.asarray(total.addressable_data(0)))
+    _wait_at_barrier(_next_barrier_id(barrier_name), timeout_in_ms)
+  devices = list(mesh.jax_mesh.devices.flat)
+  me = runtime.process_index()
+  ones = [np.ones([1], np.float32) for d in devices if d.process_index == me]
+  value = float(_interop.sum_over_devices(devices, ones)[0])
   if value != mesh.size:
     # DTensor-compatible message.
     raise ValueError("Global barrier produced wrong mesh size : {0} while mesh "
                      "has actualsize : {1}".format(value, mesh.size))
   logging.info("finished running barrier across all clients after op: %s",
                barrier_name)
+
+
+# DTensor's per-name barrier ids (its mesh_util._BARRIER_DICT): every client
+# calls barrier() in the same order, so the n-th call with a name has the
+# same id everywhere.
+_barrier_counts: dict[str, int] = {}
+_barrier_lock = threading.Lock()
+
+
+def _next_barrier_id(name: str) -> str:
+  """``name:0``, ``name:1``, ..."""
+  with _barrier_lock:
+    count = _barrier_counts.get(name, 0)
+    _barrier_counts[name] = count + 1
+    return f"{name}:{count}"
+
+
+def _wait_at_barrier(barrier_id: str, timeout_ms: int) -> None:
+  """A coordination-service barrier over every client.
+
+  Raises:
+    BarrierTimeoutError: If not every client arrived within `timeout_ms`.
+    RuntimeError: If the coordination service reported another failure.
+  """
+  from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
+  client = _jax_private.coordination_client()
+  if client is None:
+    raise NotInitializedError("No multi-client runtime: call "
+                              "initialize_accelerator_system() first.")
+  try:
+    client.wait_at_barrier(barrier_id, int(timeout_ms))
+  except Exception as e:  # JaxRuntimeError has no stable import path.
+    if "DEADLINE_EXCEEDED" in str(e):
+      raise BarrierTimeoutError(
+          f"Barrier {barrier_id!r} timed out after {timeout_ms} ms: not every "
+          "client arrived. A client that is slow, stuck, or has exited never "
+          "reaches it; check the other clients' output.") from None
+    raise RuntimeError(f"Barrier {barrier_id!r} failed: {e}") from None

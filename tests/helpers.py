@@ -59,7 +59,7 @@ def run_python(code: str, env: dict[str, str] | None = None,
 
 CLIENT = os.path.join(REPO, "tests", "multiprocess", "client.py")
 # Short runtime time-outs for tests (JAX's own harness uses 10/5/15 s).
-TEST_TIMEOUTS = {"JDTENSOR_INIT_TIMEOUT": "30", "JDTENSOR_HEARTBEAT_TIMEOUT": "10",
+TEST_TIMEOUTS = {"JDTENSOR_INIT_TIMEOUT": "30", "JDTENSOR_COORDINATION_TIMEOUT": "10",
                  "JDTENSOR_SHUTDOWN_TIMEOUT": "15", "JDTENSOR_HEARTBEAT_PERIOD": "0.2"}
 
 

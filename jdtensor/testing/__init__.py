@@ -123,7 +123,7 @@ class MultiClientOptions:
 _LAUNCHER_OWNED = frozenset({
     _env.DTENSOR_CLIENT_ID, _env.DTENSOR_NUM_CLIENTS, _env.DTENSOR_JOB_NAME,
     _env.DTENSOR_JOBS, _env.JDTENSOR_RUN_SECRET, _env.JDTENSOR_REPORT_DIR,
-    "JAX_NUM_CPU_DEVICES"})
+    _env.JAX_NUM_CPU_DEVICES})
 
 
 def _check_timeout(name: str, value: Any) -> float:

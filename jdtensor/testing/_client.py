@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
     payload = f.read()
   sys.path[:] = header["sys_path"] + [p for p in sys.path
                                       if p not in header["sys_path"]]
-  client = int(os.environ[_env.DTENSOR_CLIENT_ID])
+  client = _env.client_id()
   stage = "import"
   try:
     _import_test_module(header["module"], header["file"])

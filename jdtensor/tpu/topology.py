@@ -4,8 +4,8 @@ DTensor's TPU system (``tpu_util.initialize_tpu_system``) has every host find
 its local TPU core ids, merges them into one global table with an all-reduce
 (each host fills its slot of a zero vector; a sum over all devices merges
 them), and builds the topology from the merged core locations. This module
-holds the pieces; `jdtensor.runtime` runs them once at initialisation and owns
-the result.
+holds the pure pieces; `jdtensor.tpu.system` runs them (and the merge) once at
+initialisation, and `jdtensor.runtime` keeps the result.
 
 Core id of a core at chip (x, y, z), core c, in an X x Y x Z slice with C cores
 per chip: ``c + C*(x + X*(y + Y*z))``.
@@ -18,14 +18,13 @@ k is host k; inside a host, cores are numbered core fastest, then x, then y.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from jdtensor.errors import ConfigError
+from jdtensor import _env
 
 __all__ = [
     "JDTENSOR_SIMULATED_TPU_TOPOLOGY",
@@ -36,11 +35,9 @@ __all__ = [
     "core_ids_to_locations",
     "device_core_ids",
     "build_topology",
-    "merge_core_ids",
 ]
 
-JDTENSOR_SIMULATED_TPU_TOPOLOGY = "JDTENSOR_SIMULATED_TPU_TOPOLOGY"
-_SHAPE_RE = re.compile(r"\s*(\d+)x(\d+)x(\d+)x(\d+)\s*")
+JDTENSOR_SIMULATED_TPU_TOPOLOGY = _env.JDTENSOR_SIMULATED_TPU_TOPOLOGY
 
 
 def core_id(x: int, y: int, z: int, core: int, bounds: Sequence[int]) -> int:
@@ -68,6 +65,11 @@ class SimulatedTopology:
     shape: (X, Y, Z, C): chips along x, y, z and cores per chip.
   """
   shape: tuple[int, int, int, int]
+
+  @property
+  def text(self) -> str:
+    """The shape as ``JDTENSOR_SIMULATED_TPU_TOPOLOGY`` writes it."""
+    return "x".join(map(str, self.shape))
 
   @property
   def host_chips(self) -> tuple[int, int]:
@@ -101,33 +103,16 @@ class SimulatedTopology:
     return [core_id(*loc, self.shape) for loc in self.host_locations(host)]
 
 
-def read_simulated_topology(environ: Mapping[str, str]) -> SimulatedTopology | None:
-  """Parses ``JDTENSOR_SIMULATED_TPU_TOPOLOGY``; None when unset.
+def read_simulated_topology(environ: Mapping[str, str] | None = None
+                            ) -> SimulatedTopology | None:
+  """The simulated slice ``JDTENSOR_SIMULATED_TPU_TOPOLOGY`` names; None when
+  unset.
 
   Raises:
-    ConfigError: If it is not ``XxYxZxC`` with positive sizes, C is not 1 or 2,
-      or X or Y does not split into 2-chip host blocks.
+    ConfigError: For a malformed value (see `_env.read_simulated_tpu_shape`).
   """
-  raw = environ.get(JDTENSOR_SIMULATED_TPU_TOPOLOGY)
-  if raw is None or not raw.strip():
-    return None
-  match = _SHAPE_RE.fullmatch(raw)
-  name = JDTENSOR_SIMULATED_TPU_TOPOLOGY
-  if not match or any(int(g) < 1 for g in match.groups()):
-    raise ConfigError(
-        f"{name}={raw!r} is not a TPU slice shape; use XxYxZxC with positive "
-        "chip counts along x, y, z and cores per chip, e.g. '2x2x1x2' (one host "
-        "of 8 cores) or '4x4x1x2' (4 hosts).")
-  shape = tuple(int(g) for g in match.groups())
-  if shape[3] not in (1, 2):
-    raise ConfigError(f"{name}={raw!r}: TPU chips have 1 or 2 cores, got "
-                      f"{shape[3]}.")
-  for axis, size in (("x", shape[0]), ("y", shape[1])):
-    if size > 1 and size % 2:
-      raise ConfigError(
-          f"{name}={raw!r} does not divide into hosts: hosts are 2x2-chip "
-          f"blocks, so the {axis} size must be 1 or even, got {size}.")
-  return SimulatedTopology(shape)  # type: ignore[arg-type]
+  shape = _env.read_simulated_tpu_shape(environ)
+  return None if shape is None else SimulatedTopology(shape)
 
 
 @dataclass(frozen=True)
@@ -178,38 +163,3 @@ def device_core_ids(devices: Sequence[Any]) -> tuple[list[int], list[int]]:
   bounds = [int(v) + 1 for v in coords.max(axis=0)]
   ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
   return bounds, [core_id(*d.coords, d.core_on_chip, bounds) for d in ordered]
-
-
-def merge_core_ids(local_core_ids: Sequence[int], client_id: int,
-                   num_clients: int, mesh: Any) -> list[int]:
-  """DTensor's core-id merge: one all-reduce (psum) over every TPU device.
-
-  Each client writes its local core ids into its slot of a zero vector of
-  the global core count; that vector is its first local device's component,
-  zeros are the others'; a sum over the device axis merges them, so every
-  client ends with the same table, ordered by (task, local ordinal).
-
-  Args:
-    local_core_ids: This client's core ids, in local-ordinal order.
-    client_id: This client's id.
-    num_clients: Number of clients.
-    mesh: A 1-D DTensor mesh over every TPU device in task-ordinal order.
-
-  Returns:
-    The merged core ids.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-
-  from jdtensor.api import pack  # pylint: disable=g-import-not-at-top
-  from jdtensor.layout import UNSHARDED, Layout  # pylint: disable=g-import-not-at-top
-  total = mesh.size
-  per_task = total // num_clients
-  mine = np.zeros([1, total], np.int32)
-  mine[0, client_id * per_task:client_id * per_task + len(local_core_ids)] = (
-      local_core_ids)
-  components = [mine] + [np.zeros_like(mine)] * (per_task - 1)
-  packed = pack(components, Layout([mesh.dim_names[0], UNSHARDED], mesh))
-  merged = jax.jit(lambda a: a.sum(axis=0), out_shardings=NamedSharding(
-      mesh.jax_mesh, PartitionSpec()))(packed)
-  return np.asarray(merged.addressable_data(0)).astype(int).tolist()

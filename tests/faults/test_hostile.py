@@ -296,8 +296,8 @@ BAD_VALUES = [
     ("init-timeout-1e20", {"JDTENSOR_INIT_TIMEOUT": "1e20"},
      "ConfigError: JDTENSOR_INIT_TIMEOUT='1e20' must be a number of seconds above "
      "0 and at most 604800 (a week)."),
-    ("heartbeat-timeout-1e20", {"JDTENSOR_HEARTBEAT_TIMEOUT": "1e20"},
-     "ConfigError: JDTENSOR_HEARTBEAT_TIMEOUT='1e20' must be a number of seconds "
+    ("coordination-timeout-1e20", {"JDTENSOR_COORDINATION_TIMEOUT": "1e20"},
+     "ConfigError: JDTENSOR_COORDINATION_TIMEOUT='1e20' must be a number of seconds "
      "above 0 and at most 604800 (a week)."),
     ("heartbeat-period-1e-6", {"JDTENSOR_HEARTBEAT_PERIOD": "1e-6"},
      "ConfigError: JDTENSOR_HEARTBEAT_PERIOD='1e-6' must be a number of seconds "

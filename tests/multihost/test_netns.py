@@ -100,7 +100,7 @@ def _cluster(hosts: Hosts, per_host: int, **extra: str):
   jobs = [f"{addr}:{10000 + k}" for addr in hosts.addresses for k in range(per_host)]
   envs = [clean_env(DTENSOR_JOBS=",".join(jobs), DTENSOR_CLIENT_ID=str(c),
                     JAX_NUM_CPU_DEVICES="1", JDTENSOR_INIT_TIMEOUT="60",
-                    JDTENSOR_SHUTDOWN_TIMEOUT="15", JDTENSOR_HEARTBEAT_TIMEOUT="15",
+                    JDTENSOR_SHUTDOWN_TIMEOUT="15", JDTENSOR_COORDINATION_TIMEOUT="15",
                     **extra)
           for c in range(len(jobs))]
   prefixes = [hosts.exec_prefix(c // per_host) for c in range(len(jobs))]

@@ -183,18 +183,34 @@ def test_parse_positive_float_accepts():
 def test_read_timeouts():
   assert _env.read_timeouts({}) == _env.Timeouts(120.0, 100.0, 60.0)
   t = _env.read_timeouts({"JDTENSOR_INIT_TIMEOUT": "5", "JDTENSOR_SHUTDOWN_TIMEOUT": "7"},
-                         heartbeat=3)
+                         coordination=3)
   assert t == _env.Timeouts(5.0, 3.0, 7.0)
   assert _env.read_timeouts({"JDTENSOR_INIT_TIMEOUT": "5"}, init=9).init == 9.0
   with pytest.raises(ConfigError) as e:
     _env.read_timeouts({}, init=-1)
   assert str(e.value) == ("init_timeout=-1 must be a number of seconds above 0 and "
                           "at most 604800 (a week).")
-  for raw in ("1e20", "nan", "inf", "0"):
-    with pytest.raises(ConfigError) as e:
-      _env.read_timeouts({"JDTENSOR_HEARTBEAT_TIMEOUT": raw})
-    assert str(e.value) == (f"JDTENSOR_HEARTBEAT_TIMEOUT={raw!r} must be a number "
-                            "of seconds above 0 and at most 604800 (a week).")
+  for name in ("JDTENSOR_COORDINATION_TIMEOUT", "JDTENSOR_HEARTBEAT_TIMEOUT"):
+    for raw in ("1e20", "nan", "inf", "0"):
+      with pytest.raises(ConfigError) as e:
+        _env.read_timeouts({name: raw})
+      assert str(e.value) == (f"{name}={raw!r} must be a number of seconds above "
+                              "0 and at most 604800 (a week).")
+
+
+def test_the_coordination_timeout_keeps_its_deprecated_name(caplog):
+  env = _env.read_timeouts({"JDTENSOR_HEARTBEAT_TIMEOUT": "7"})
+  assert env.coordination == 7.0
+  assert ("JDTENSOR_HEARTBEAT_TIMEOUT is deprecated: it is JAX's coordination-"
+          "service time-out, not jdtensor's heartbeat; set "
+          "JDTENSOR_COORDINATION_TIMEOUT instead.") in caplog.text
+  both = {"JDTENSOR_HEARTBEAT_TIMEOUT": "7", "JDTENSOR_COORDINATION_TIMEOUT": "7"}
+  assert _env.read_timeouts(both).coordination == 7.0
+  with pytest.raises(ConfigError) as e:
+    _env.read_timeouts({**both, "JDTENSOR_COORDINATION_TIMEOUT": "9"})
+  assert str(e.value) == (
+      "JDTENSOR_COORDINATION_TIMEOUT='9' and its deprecated name "
+      "JDTENSOR_HEARTBEAT_TIMEOUT='7' disagree; unset JDTENSOR_HEARTBEAT_TIMEOUT.")
 
 
 def test_bind_address():

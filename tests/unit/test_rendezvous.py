@@ -8,6 +8,7 @@ import time
 import pytest
 
 from jdtensor import _rendezvous
+from jdtensor._deadline import Deadline
 from jdtensor._rendezvous import Hello, rendezvous
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.launcher import free_ports
@@ -33,7 +34,7 @@ def meet(hellos, secrets, timeout=5.0):
   def run(i):
     try:
       out[i] = rendezvous(hellos[i], jobs[0], ("127.0.0.1", int(jobs[0].rsplit(":", 1)[1])),
-                          timeout, secrets[i])
+                          Deadline(timeout), secrets[i])
     except Exception as e:  # pylint: disable=broad-except
       out[i] = e
   threads = [threading.Thread(target=run, args=(i,)) for i in range(len(hellos))]
@@ -128,7 +129,7 @@ def test_garbage_is_refused_without_stopping_client_0(data, reason, caplog):
 
   def serve():
     try:
-      out[0] = rendezvous(hello(jobs, 0), jobs[0], ("127.0.0.1", port), 5, SECRET)
+      out[0] = rendezvous(hello(jobs, 0), jobs[0], ("127.0.0.1", port), Deadline(5), SECRET)
     except Exception as e:  # pylint: disable=broad-except
       out[0] = e
   t = threading.Thread(target=serve)
@@ -141,7 +142,7 @@ def test_garbage_is_refused_without_stopping_client_0(data, reason, caplog):
     except OSError:
       pass
     time.sleep(0.3)
-    real = rendezvous(hello(jobs, 1), jobs[0], ("127.0.0.1", port), 5, SECRET)
+    real = rendezvous(hello(jobs, 1), jobs[0], ("127.0.0.1", port), Deadline(5), SECRET)
     t.join(10)
   try:
     assert isinstance(out[0], _rendezvous.Meeting), out[0]
@@ -165,6 +166,6 @@ def test_the_challenge_says_nothing_about_the_cluster():
 
 def meet_quietly(jobs, port):
   try:
-    rendezvous(hello(jobs, 0), jobs[0], ("127.0.0.1", port), 1.5, SECRET)
+    rendezvous(hello(jobs, 0), jobs[0], ("127.0.0.1", port), Deadline(1.5), SECRET)
   except StartupTimeoutError:
     pass

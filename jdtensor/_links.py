@@ -1,0 +1,197 @@
+"""Liveness links: the rendezvous connections, kept open after start-up.
+
+PURE: standard library only.
+
+`jdtensor._rendezvous` hands them over once every client has met; the
+heartbeat (and, during start-up, the runtime) watches them. A process that
+ends is seen at once by the others' end of its connection.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+from collections.abc import Sequence
+
+__all__ = ["Links", "MAX_FRAME"]
+
+# The largest frame accepted on the coordinator port and on the links.
+MAX_FRAME = 64 * 1024
+
+_TCP_ESTABLISHED = 1
+
+
+def _peer_open(sock: socket.socket) -> bool:
+  """Whether the other end of a connection is still open (Linux TCP_INFO)."""
+  try:
+    state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+  except OSError:
+    return False  # Closed here already.
+  return state == _TCP_ESTABLISHED
+
+
+
+class Links:
+  """The rendezvous connections, kept open to notice a dead process at once.
+
+  A star: client 0 holds one connection per client, every other client one to
+  client 0, which relays every message to the others. A process that exits
+  normally says ``bye`` first; an end of stream without it means the process
+  died. Failure reports (`report`), departures (`announce_departure`) and
+  notices (`notice`) reach every client within milliseconds (JAX's own
+  detection takes its heartbeat time-out, or aborts the survivors with a C++
+  fatal log when client 0 dies).
+
+  Events go to a handler object (`watch`) with any of these methods, called
+  from a daemon thread:
+
+  * ``peer_died(client, how)``: a linked process ended without a goodbye;
+  * ``peer_reported(clients, why, reporter)``: a client reports `clients`
+    failed (this client included, when it is the one named);
+  * ``peer_left(client, code, why, failed)``: a client announces it is
+    leaving, with its exit code and reason;
+  * ``peer_notice(client, text)``: something the others should know.
+  """
+
+  def __init__(self, client_id: int, sockets: dict[int, socket.socket]):
+    self.client_id = client_id
+    self._sockets = dict(sockets)
+    for sock in self._sockets.values():
+      sock.settimeout(5.0)  # A peer that stops reading cannot block a send.
+    self._closing = False
+    self._said_bye: set[int] = set()
+    self._lock = threading.Lock()
+    self._handler: object | None = None
+    self._thread: threading.Thread | None = None
+
+  def watch(self, handler: object | None) -> None:
+    """Routes events to `handler` (None ignores them); starts watching."""
+    with self._lock:
+      self._handler = handler
+      if self._thread is None:
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name="jdtensor-liveness")
+        self._thread.start()
+
+  def _emit(self, event: str, *args: object) -> None:
+    method = getattr(self._handler, event, None)
+    if method is not None:
+      method(*args)
+
+  def _watch(self) -> None:
+    buffers = {client: b"" for client in self._sockets}
+    while self._sockets and not self._closing:
+      by_socket = {s: c for c, s in self._sockets.items()}
+      try:
+        ready, _, _ = select.select(list(by_socket), [], [], 5.0)
+      except (OSError, ValueError):
+        return  # Closed under us: we are exiting.
+      for sock in ready:
+        client = by_socket[sock]
+        try:
+          chunk = sock.recv(4096)
+        except OSError:
+          chunk = b""
+        if not chunk:
+          self._drop(client)
+          if not self._closing and client not in self._said_bye:
+            self._emit("peer_died", client,
+                       "its process ended without saying goodbye"
+                       if client != 0 else "the coordinator's process ended")
+          continue
+        buffers[client] += chunk
+        if len(buffers[client]) > MAX_FRAME and b"\n" not in buffers[client]:
+          buffers[client] = b""  # A peer gone mad: drop what cannot be a message.
+        while b"\n" in buffers[client]:
+          line, buffers[client] = buffers[client].split(b"\n", 1)
+          try:
+            message = json.loads(line)
+          except ValueError:
+            continue
+          if isinstance(message, dict):
+            self._dispatch(client, message)
+
+  def _dispatch(self, client: int, message: dict[str, object]) -> None:
+    if message.get("bye"):  # Its end of stream is now a normal exit.
+      self._said_bye.add(client)
+      return
+    if self._closing:
+      return
+    if self.client_id == 0:  # The hub: relay to everyone else.
+      self._send(message, skip={client})
+    try:
+      if "failed" in message:
+        self._emit("peer_reported", [int(c) for c in message["failed"]],  # type: ignore[union-attr]
+                   str(message.get("why", "")), int(message.get("by", client)))  # type: ignore[arg-type]
+      elif "left" in message:
+        self._emit("peer_left", int(message["left"]), int(message.get("code", 0)),  # type: ignore[arg-type]
+                   str(message.get("why", "")), bool(message.get("failure")))
+      elif "notice" in message:
+        self._emit("peer_notice", int(message.get("by", client)),  # type: ignore[arg-type]
+                   str(message["notice"]))
+    except (TypeError, ValueError):
+      pass  # A malformed message from a peer is ignored.
+
+  def _drop(self, client: int) -> None:
+    with self._lock:
+      sock = self._sockets.pop(client, None)
+    if sock is not None:
+      sock.close()
+
+  def _send(self, message: dict[str, object], skip: set[int] = frozenset()
+            ) -> None:
+    with self._lock:
+      targets = [s for c, s in self._sockets.items() if c not in skip]
+    line = (json.dumps(message) + "\n").encode()
+    for sock in targets:
+      try:
+        sock.sendall(line)
+      except OSError:
+        pass  # Gone; its end of stream tells the watching thread.
+
+  def report(self, clients: Sequence[int], why: str) -> None:
+    """Tells every other client which clients failed and why.
+
+    Sent before this process's connections close, so every client learns the
+    culprit rather than blaming this process's exit; the culprits hear it
+    too, so that a client that was frozen names itself when it wakes.
+    """
+    self._send({"failed": [int(c) for c in clients], "why": why,
+                "by": self.client_id})
+
+  def announce_departure(self, code: int, why: str, failure: bool) -> None:
+    """Tells every other client that this one is leaving, and why."""
+    self._send({"left": self.client_id, "code": int(code), "why": why,
+                "failure": bool(failure)})
+
+  def notice(self, text: str) -> None:
+    """Tells every other client something worth logging."""
+    self._send({"notice": text, "by": self.client_id})
+
+  def wait_peers_gone(self, timeout: float, ignore: Sequence[int] = ()) -> None:
+    """Waits up to `timeout` s until every linked process (but `ignore`) ended.
+
+    Safe from any thread, the watching one included: it reads each
+    connection's TCP state (the peer's end closes when its process ends),
+    not its stream, so no message is consumed or needed.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      with self._lock:
+        sockets = [s for c, s in self._sockets.items() if c not in ignore]
+      if not any(_peer_open(sock) for sock in sockets):
+        return
+      time.sleep(0.02)
+
+  def goodbye(self) -> None:
+    """Tells the others this process is exiting normally.
+
+    The connections stay open until the process ends, so that client 0,
+    which hosts the coordination services, can wait for every other
+    process to be really gone before it exits.
+    """
+    self._closing = True
+    self._send({"bye": True})
