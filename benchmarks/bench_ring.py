@@ -5,8 +5,8 @@
 Compares `jdtensor.tpu.ring_order` (numpy) with DTensor's own pure-Python
 algorithm (enumeration + cmp_to_key ring sort), run side by side in one
 process. DTensor's algorithm is taken from TensorFlow when it is importable;
-otherwise from `jdtensor.tpu._reference`, its literal port (TensorFlow is never
-a dependency). Also times Mesh construction and string round trips.
+otherwise from `tests/dtensor_ring_reference.py`, its literal port (TensorFlow
+is never a dependency). Also times Mesh construction and string round trips.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def dtensor_functions():
     return (tpu_util._enumerate_core_locations, tpu_util._build_all_reduce_ring,  # pylint: disable=protected-access
             tpu_util._build_orthogonal_rings, "TensorFlow")  # pylint: disable=protected-access
   except ImportError:
-    from jdtensor.tpu import _reference  # pylint: disable=g-import-not-at-top
-    return (_reference.enumerate_core_locations, _reference.build_all_reduce_ring,
-            _reference.build_orthogonal_rings, "literal port (TensorFlow not installed)")
+    from tests import dtensor_ring_reference as port  # pylint: disable=g-import-not-at-top
+    return (port.enumerate_core_locations, port.build_all_reduce_ring,
+            port.build_orthogonal_rings, "literal port (TensorFlow not installed)")
 
 
 CASES = [  # (label, mesh shape from core count, ring_dims, ring_axes, orthogonal)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jdtensor.device_spec import DEVICE_TYPES
+
 __all__ = ["main", "get_parser"]
 
 _DEMO_CLIENTS, _DEMO_DEVICES = 4, 2
@@ -56,7 +58,7 @@ def get_parser() -> argparse.ArgumentParser:
   launch.add_argument("--devices-per-client", type=_positive_int, default=1,
                       help="simulated CPU devices per client (default 1)")
   launch.add_argument("--device-type", default="CPU", type=str.upper,
-                      choices=["CPU", "GPU", "TPU"], help="default CPU")
+                      choices=list(DEVICE_TYPES), help="default CPU")
   launch.add_argument("--port", type=_positive_int, default=None,
                       help="first port; client k uses port+k (default: free ports)")
   launch.add_argument("--timeout", type=_positive_float, default=None,

@@ -28,36 +28,36 @@ PEER_FAILURE_EXIT_CODE = 75
 
 
 class JDTensorError(Exception):
-    """Base class of every jdtensor-specific exception."""
+  """Base class of every jdtensor-specific exception."""
 
 
 class ConfigError(JDTensorError, ValueError):
-    """A DTENSOR_*/JDTENSOR_* environment variable or argument is invalid.
+  """A DTENSOR_*/JDTENSOR_* environment variable or argument is invalid.
 
-    The message names the variable, shows its value and says how to fix it.
-    """
+  The message names the variable, shows its value and says how to fix it.
+  """
 
 
 class NotInitializedError(JDTensorError, ValueError):
-    """An API that needs `initialize_accelerator_system()` was called first.
+  """An API that needs `initialize_accelerator_system()` was called first.
 
-    Subclasses `ValueError` because that is what TF DTensor raises here.
-    """
+  Subclasses `ValueError` because that is what TF DTensor raises here.
+  """
 
 
 class AlreadyInitializedError(JDTensorError, ValueError):
-    """`initialize_accelerator_system()` was called twice.
+  """`initialize_accelerator_system()` was called twice.
 
-    Subclasses `ValueError` because that is what TF DTensor raises here.
-    """
+  Subclasses `ValueError` because that is what TF DTensor raises here.
+  """
 
 
 class StartupError(JDTensorError, OSError):
-    """Multi-client start-up failed before JAX could abort the process."""
+  """Multi-client start-up failed before JAX could abort the process."""
 
 
 class StartupTimeoutError(StartupError, TimeoutError):
-    """The coordinator did not become reachable within the start-up timeout."""
+  """The coordinator did not become reachable within the start-up timeout."""
 
 
 class BarrierTimeoutError(JDTensorError, TimeoutError):

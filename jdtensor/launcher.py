@@ -41,10 +41,11 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from jdtensor import _env
+from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 
 __all__ = ["LaunchSpec", "LaunchResult", "free_ports", "worker_env", "launch",
-           "is_gloo_noise", "describe_exit", "EXIT_TIMEOUT"]
+           "is_gloo_noise", "describe_exit", "stop_process_groups", "EXIT_TIMEOUT"]
 
 # Gloo prints "[Gloo] Rank r is connected to k peer ranks. Expected number of
 # connected peer ranks is : k" whenever a device group first communicates
@@ -102,7 +103,7 @@ class LaunchSpec:
     if self.devices_per_client < 1:
       raise ValueError(
           f"devices_per_client must be >= 1, got {self.devices_per_client}.")
-    if self.device_type.upper() not in ("CPU", "GPU", "TPU"):
+    if self.device_type.upper() not in DEVICE_TYPES:
       raise ValueError(f"device_type must be CPU, GPU or TPU, got "
                        f"{self.device_type!r}.")
     if self.port is not None and not 1 <= self.port <= 65535 - self.num_clients + 1:
@@ -221,6 +222,44 @@ def _wrapped(command: Sequence[str]) -> list[str]:
   return [sys.executable, "-S", "-c", _GUARDIAN, str(os.getpid()), *command]
 
 
+def _signal_groups(procs: Sequence[subprocess.Popen], sig: int) -> None:
+  for proc in procs:
+    if proc.poll() is None:
+      try:
+        os.killpg(proc.pid, sig)
+      except ProcessLookupError:
+        pass
+
+
+def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float) -> list[int]:
+  """Stops processes that each lead a process group, and everything in them.
+
+  SIGTERM to every group still running, up to `grace` seconds on one shared
+  deadline for them to end, then SIGKILL; each is reaped (10 s at most), and
+  grandchildren that outlived their leader are killed too.
+
+  Returns:
+    The indices of the processes that were still running.
+  """
+  running = [i for i, p in enumerate(procs) if p.poll() is None]
+  _signal_groups(procs, signal.SIGTERM)
+  deadline = time.monotonic() + grace
+  while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+    time.sleep(_POLL_SECONDS)
+  _signal_groups(procs, signal.SIGKILL)
+  for proc in procs:
+    try:
+      proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      pass  # Unkillable (D state); reported by its None return code.
+  for proc in procs:  # Grandchildren that outlived their leader.
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
+  return running
+
+
 def describe_exit(code: int) -> str:
   """``exited with code 3`` or ``was killed by SIGKILL``, for a return code."""
   if code < 0:
@@ -308,32 +347,11 @@ class _Supervisor:
         self.readers.append(t)
 
   def _signal_all(self, sig: int) -> None:
-    for proc in self.procs:
-      if proc.poll() is None:
-        try:
-          os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-          pass
+    _signal_groups(self.procs, sig)
 
   def stop_all(self) -> list[int]:
     """SIGTERM, grace, SIGKILL; returns the clients that had to be stopped."""
-    running = [i for i, p in enumerate(self.procs) if p.poll() is None]
-    self._signal_all(signal.SIGTERM)
-    deadline = time.monotonic() + self.spec.grace
-    while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
-      time.sleep(_POLL_SECONDS)
-    self._signal_all(signal.SIGKILL)
-    for proc in self.procs:
-      try:
-        proc.wait(timeout=10)
-      except subprocess.TimeoutExpired:
-        pass  # Unkillable (D state); reported by its None return code.
-    for proc in self.procs:  # Grandchildren that outlived their leader.
-      try:
-        os.killpg(proc.pid, signal.SIGKILL)
-      except (ProcessLookupError, PermissionError):
-        pass
-    return running
+    return stop_process_groups(self.procs, self.spec.grace)
 
   def _poll(self) -> list[int | None]:
     codes = [p.poll() for p in self.procs]

@@ -31,6 +31,7 @@ from jdtensor import _env, _rendezvous
 from jdtensor import _logging as logging
 from jdtensor._deadline import Deadline
 from jdtensor._links import Links
+from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, AlreadyInitializedError,
                              NotInitializedError, StartupTimeoutError)
 from jdtensor.tpu.topology import (SimulatedTopology, Topology,
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 # DTensor device type -> JAX platform name.
-PLATFORMS = {"CPU": "cpu", "GPU": "gpu", "TPU": "tpu"}
+PLATFORMS = {t: t.lower() for t in DEVICE_TYPES}
 
 
 @dataclass

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
+from jdtensor.launcher import stop_process_groups
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Variables a test subprocess must not inherit from the developer's shell.
@@ -46,18 +48,26 @@ def run_python(code: str, env: dict[str, str] | None = None,
   try:
     out, err = proc.communicate(timeout=timeout)
   except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-      out, err = proc.communicate(timeout=3)
-    except subprocess.TimeoutExpired:
-      os.killpg(proc.pid, signal.SIGKILL)
-      out, err = proc.communicate(timeout=3)
+    stop_process_groups([proc], grace=3)
+    out, err = proc.communicate(timeout=3)
     raise AssertionError(
         f"subprocess exceeded {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
   return Result(proc.returncode, out, err)
 
 
-CLIENT = os.path.join(REPO, "tests", "multiprocess", "client.py")
+# The scenario clients, one per suite (`python <client> SCENARIO`).
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "startup_client.py")
+_CLIENTS = [CLIENT, os.path.join(REPO, "tests", "multiprocess", "heartbeat_client.py"),
+            os.path.join(REPO, "tests", "faults", "fault_client.py")]
+
+
+def client_for(scenario: str) -> str:
+  """The client script that defines ``scenario_<scenario>``."""
+  for path in _CLIENTS:
+    with open(path) as f:
+      if f"\ndef scenario_{scenario}()" in f.read():
+        return path
+  raise ValueError(f"no client defines scenario {scenario!r}")
 # Short runtime time-outs for tests (JAX's own harness uses 10/5/15 s).
 TEST_TIMEOUTS = {"JDTENSOR_INIT_TIMEOUT": "30", "JDTENSOR_COORDINATION_TIMEOUT": "10",
                  "JDTENSOR_SHUTDOWN_TIMEOUT": "15", "JDTENSOR_HEARTBEAT_PERIOD": "0.2"}
@@ -80,13 +90,14 @@ def parse_results(text: str) -> dict[int, dict[str, object]]:
 
 def start_clients(scenario: str, envs: list[dict[str, str]],
                   prefixes: list[list[str]] | None = None) -> list[subprocess.Popen]:
-  """Starts one client.py process per env, each in its own process group.
+  """Starts one scenario client per env, each in its own process group.
 
   `prefixes` (one per client) run it through a wrapper, e.g.
   ``["ip", "netns", "exec", "host1"]``.
   """
   prefixes = prefixes or [[] for _ in envs]
-  return [subprocess.Popen([*prefix, sys.executable, CLIENT, scenario], env=env,
+  return [subprocess.Popen([*prefix, sys.executable, client_for(scenario), scenario],
+                           env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True, cwd=REPO)
           for env, prefix in zip(envs, prefixes)]
@@ -102,11 +113,7 @@ def finish(procs: list[subprocess.Popen], timeout: float) -> list[Result]:
       out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
       expired = True
-      for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-          os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-          pass
+      stop_process_groups([proc], grace=3)
       out, err = proc.communicate(timeout=10)
     results.append(Result(proc.returncode, out, err))
   if expired:
@@ -141,7 +148,7 @@ def pid_alive(pid: int) -> bool:
 
 
 class LiveClients:
-  """client.py processes whose output is read as it comes (for kill tests)."""
+  """Scenario clients whose output is read as it comes (for kill tests)."""
 
   def __init__(self, scenario: str, envs: list[dict[str, str]],
                prefixes: list[list[str]] | None = None):
@@ -186,17 +193,7 @@ class LiveClients:
     return self.ended
 
   def close(self) -> None:
-    for proc in self.procs:
-      if proc.poll() is None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-          try:
-            os.killpg(proc.pid, sig)
-          except ProcessLookupError:
-            pass
-      try:
-        proc.wait(timeout=10)
-      except subprocess.TimeoutExpired:
-        pass
+    stop_process_groups(self.procs, grace=3)
     for t in self._threads:
       t.join(timeout=5)
 
@@ -225,12 +222,12 @@ def kill_when_ready(scenario: str, envs: list[dict[str, str]], victim: int,
 
 def start_launcher(scenario: str, n: int = 2, marker: str = "RESULT ready=",
                    **env: str) -> tuple[subprocess.Popen, list[int]]:
-  """`python -m jdtensor launch -n N` of client.py; waits for every client's
+  """`python -m jdtensor launch -n N` of a scenario client; waits for every client's
   pid (printed as ``<marker><pid>``)."""
   import time  # pylint: disable=g-import-not-at-top
   proc = subprocess.Popen(
       [sys.executable, "-m", "jdtensor", "launch", "-n", str(n), "--grace", "2",
-       "--timeout", "120", "--", sys.executable, CLIENT, scenario],
+       "--timeout", "120", "--", sys.executable, client_for(scenario), scenario],
       env=clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True, cwd=REPO, start_new_session=True)
   pids, deadline = [], time.monotonic() + 60

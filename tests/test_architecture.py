@@ -2,6 +2,7 @@
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -146,3 +147,147 @@ def test_bad_env_errors_do_not_start_a_backend():
   assert result.returncode == 0, result.stderr
   assert ("ERR DTENSOR_CLIENT_ID='one' is not an integer; set it to this "
           "process's index in DTENSOR_JOBS (0 for the first).") in result.stdout
+
+
+# -- the layer table (README, "Architecture") --------------------------------------
+#
+# A module may import (at module level or inside a function) only modules of
+# its own layer or below, and nothing may form a cycle. One import goes up, on
+# purpose: the data model's JAX conversion methods (Mesh.jax_mesh,
+# Layout.to_jax_sharding, ...) call down into _interop when called; _interop
+# never imports layout back.
+LAYERS = [
+    ("pure", ["errors", "_env", "_logging", "_deadline", "device_spec", "_links",
+              "_rendezvous", "cluster", "tpu", "tpu.ring", "layout", "_proto",
+              "_departure"]),
+    ("JAX-aware leaves", ["_jax_private", "tpu.topology", "_flight", "_beat"]),
+    ("the state owner", ["runtime"]),
+    ("composition", ["_interop", "config", "api", "mesh_util", "tpu.mesh",
+                     "tpu.system", "heartbeat", "accelerator"]),
+    ("tools", ["launcher", "cli", "demo", "__main__", "testing",
+               "testing._transport", "testing._client", "testing.pytest_plugin"]),
+]
+ALLOWED_UPWARD = {("layout", "_interop")}
+LAYER_OF = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
+
+
+def _module_names():
+  names = {}
+  for path in PACKAGE.rglob("*.py"):
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    names[name or "__init__"] = path
+  return names
+
+
+def _type_checking_nodes(tree):
+  """Nodes inside `if TYPE_CHECKING:` blocks (imports for type checkers)."""
+  skipped = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+      skipped.update(id(n) for n in ast.walk(node))
+  return skipped
+
+
+def _imports_of(name, path, names):
+  """Every jdtensor module `name` imports, at any depth of its code."""
+  import jdtensor  # pylint: disable=g-import-not-at-top
+  tree = ast.parse(path.read_text())
+  skipped = _type_checking_nodes(tree)
+  is_package = path.name == "__init__.py"
+  out = set()
+  for node in ast.walk(tree):
+    if id(node) in skipped:
+      continue
+    targets = []
+    if isinstance(node, ast.Import):
+      targets = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        package = ["jdtensor"] + name.split(".")[:None if is_package else -1]
+        package = package[:len(package) - node.level + 1]
+        base = ".".join(package + ([node.module] if node.module else []))
+      targets = [f"{base}.{a.name}" for a in node.names] + [base]
+    for target in targets:
+      if not target.startswith("jdtensor"):
+        continue
+      module = target.removeprefix("jdtensor").lstrip(".")
+      if module in jdtensor._EXPORTS:  # pylint: disable=protected-access
+        module = jdtensor._EXPORTS[module].removeprefix("jdtensor.")  # pylint: disable=protected-access
+      if module in names and module not in ("__init__", name):
+        out.add(module)
+  return out
+
+
+def _import_graph():
+  names = _module_names()
+  return {n: _imports_of(n, p, names) for n, p in names.items() if n != "__init__"}
+
+
+def test_every_module_has_a_layer():
+  missing = sorted(set(_import_graph()) - set(LAYER_OF))
+  assert not missing, f"put {missing} in LAYERS (and README, Architecture)"
+
+
+def test_imports_only_go_down_the_layers():
+  wrong = [(a, b) for a, targets in _import_graph().items() for b in targets
+           if LAYER_OF[b] > LAYER_OF[a] and (a, b) not in ALLOWED_UPWARD]
+  assert not wrong, [f"{a} ({LAYERS[LAYER_OF[a]][0]}) imports {b} "
+                     f"({LAYERS[LAYER_OF[b]][0]})" for a, b in wrong]
+
+
+def test_no_import_cycles_even_inside_functions():
+  graph = _import_graph()
+  state = {}
+
+  def visit(node, path):
+    state[node] = "open"
+    for nxt in sorted(graph[node]):
+      if state.get(nxt) == "open":
+        raise AssertionError("import cycle: " + " -> ".join(path + [node, nxt]))
+      if nxt not in state:
+        visit(nxt, path + [node])
+    state[node] = "done"
+  for node in sorted(graph):
+    if node not in state:
+      visit(node, [])
+
+
+def test_the_public_names_are_listed_once_and_agree():
+  """__init__ names each export in _EXPORTS; the TYPE_CHECKING imports (for
+  type checkers) and __all__ must say the same."""
+  import jdtensor  # pylint: disable=g-import-not-at-top
+  tree = ast.parse((PACKAGE / "__init__.py").read_text())
+  typed = {}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and id(node) in _type_checking_nodes(tree):
+      for alias in node.names:
+        typed[alias.asname or alias.name] = node.module
+  assert typed == jdtensor._EXPORTS  # pylint: disable=protected-access
+  assert jdtensor.__all__ == sorted(jdtensor._EXPORTS)  # pylint: disable=protected-access
+  for name, module in jdtensor._EXPORTS.items():  # pylint: disable=protected-access
+    assert name in __import__(module, fromlist=["_"]).__all__, (name, module)
+
+
+def test_environment_names_and_reads_live_in_env():
+  """jdtensor's own variables are named only in _env, and only _env (and the
+  tools, which pass the environment on to children) reads os.environ; the
+  cluster managers' variables are parsed by cluster.py from a mapping."""
+  for path in PACKAGE.rglob("*.py"):
+    name = path.relative_to(PACKAGE).as_posix()
+    if name == "_env.py":
+      continue
+    text = path.read_text()
+    tree = ast.parse(text)
+    exported = {id(c) for node in tree.body if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+                for c in ast.walk(node)}
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                and isinstance(n.value, str) and id(n) not in exported}
+    own = {v for v in literals if re.fullmatch(r"J?DTENSOR_[A-Z0-9_]+", v)
+           or v == "JAX_NUM_CPU_DEVICES"}
+    assert not own, (name, own)
+    reads = "os.environ" in set(_dotted_names(tree))
+    assert not reads or name in ("launcher.py", "testing/__init__.py",
+                                 "cluster.py"), name

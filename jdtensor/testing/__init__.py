@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from jdtensor import _env, launcher
+from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 from jdtensor.testing import _transport
 
@@ -100,7 +101,7 @@ class MultiClientOptions:
     if self.timeout is not None:
       _check_timeout("timeout", self.timeout)
     if not isinstance(self.device_type, str) or (
-        self.device_type.upper() not in ("CPU", "GPU", "TPU")):
+        self.device_type.upper() not in DEVICE_TYPES):
       raise ValueError(f"multi_client: device_type must be 'CPU', 'GPU' or 'TPU', "
                        f"got {self.device_type!r}.")
     if self.env is not None:
@@ -403,22 +404,21 @@ def _failure(name: str, options: MultiClientOptions, timeout: float,
       where = _STAGES.get(stage, stage)
       head.append(f"client {c}: {kind}: {_first_line(message)}"
                   + (f" ({where})" if where else ""))
+    # Stopped because of the failure: by jdtensor's heartbeat (exit code 75),
+    # or by the runner, whichever came first.
+    stopped_codes = (PEER_FAILURE_EXIT_CODE, -signal.SIGTERM, -signal.SIGKILL)
     consequences = [c for c in range(n) if c not in failures and c not in finished
-                    and codes[c] == PEER_FAILURE_EXIT_CODE]
-    stopped = [c for c in range(n) if c not in failures and c not in finished
-               and c not in consequences]
+                    and failures and codes[c] in stopped_codes]
+    others = [c for c in range(n) if c not in failures and c not in finished
+              and c not in consequences]
     if consequences:
-      head.append(f"{_clients(consequences)} stopped as a consequence (exit code "
-                  f"{PEER_FAILURE_EXIT_CODE}: jdtensor's heartbeat).")
-    for c in stopped:
+      head.append(f"{_clients(consequences)} stopped as a consequence.")
+    for c in others:
       code = codes[c]
-      how = ("still running" if code is None else
-             "stopped by the runner" if code in (-signal.SIGTERM, -signal.SIGKILL)
-             and failures else launcher.describe_exit(code))
+      how = "still running" if code is None else launcher.describe_exit(code)
       head.append(f"client {c} did not return: {how}.")
-      if not failures:
-        detail += [f"--- client {c}: last output ---"] + (
-            _tail(err_lines, c) or ["(no output)"])
+      detail += [f"--- client {c}: last output ---"] + (
+          _tail(err_lines, c) or ["(no output)"])
     if not head:  # Every body returned, but a client exited non-zero after.
       head.append(f"{name}: every client returned, but the run failed: "
                   f"{result.reason or 'exit code ' + str(result.exit_code)}.")

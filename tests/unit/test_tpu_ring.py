@@ -1,5 +1,5 @@
 """TPU ring orders: DTensor's DeviceAssignmentTest expectations, literally,
-plus properties against DTensor's algorithm ported literally (_reference)."""
+plus properties against DTensor's algorithm ported literally (tests/dtensor_ring_reference.py)."""
 
 import itertools
 import math
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jdtensor.tpu import _reference as dtensor
+from tests import dtensor_ring_reference as dtensor
 from jdtensor.tpu import ring
 from jdtensor.tpu.ring import CoreLocation as L
 

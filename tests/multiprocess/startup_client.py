@@ -1,25 +1,15 @@
-"""One DTensor client for the multi-process tests: `python client.py SCENARIO`.
-
-Runs under `jdtensor launch` (or the tests' own process starter) with the
-DTENSOR_* variables set, and prints ``RESULT key=value`` lines that the tests
-assert on. Any exception exits non-zero with ``ERROR <type>: <message>``.
-"""
+"""Start-up scenarios for test_multi_client.py, test_tpu_pods.py, test_launcher.py,
+the fault suite and the multi-host test: `python startup_client.py SCENARIO`
+(see tests/client_common.py)."""
 
 import ipaddress
-import json
 import os
 import sys
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 
-
-def result(key, value):
-  # One write() (atomic on a pipe), starting a fresh line: gloo's C++ threads
-  # print fragments of their connection notice to the same stdout.
-  sys.stdout.flush()
-  os.write(1, f"\nRESULT {key}={json.dumps(value)}\n".encode())
+from tests.client_common import result, run_scenario  # noqa: E402
 
 
 def listening_address(port):
@@ -219,138 +209,6 @@ def scenario_seed_tpu_init():
                       jdtensor.num_global_devices("TPU")])
 
 
-def _user_psum_setup():
-  """Jitted psums over (a) every device, (b) a host axis, (c) one device per
-  client, on a (client, device) mesh: the groups a user program can form."""
-  import jax
-  import numpy as np
-  from jax.sharding import PartitionSpec as P
-
-  import jdtensor
-  from jdtensor import Layout
-  n, local = jdtensor.num_clients(), jdtensor.num_local_devices("CPU")
-  mesh = jdtensor.create_distributed_mesh([("host", n), ("dev", local)])
-  jm = mesh.jax_mesh
-
-  def make(width):
-    return jax.make_array_from_callback(
-        (n, local * width), Layout(["host", "dev"], mesh).to_jax_sharding(),
-        lambda idx: np.arange(n * local * width, dtype=np.float32).reshape(
-            n, local * width)[idx])
-  fns = {axes: jax.jit(jax.shard_map(lambda b, a=axes: jax.lax.psum(b, a), mesh=jm,
-                                     in_specs=P("host", "dev"),
-                                     out_specs=P("host", "dev")))
-         for axes in (("host", "dev"), "host", "dev")}
-  return n, local, make, fns
-
-
-def scenario_heartbeat_victim():
-  """Everyone works; the test SIGKILLs one client; the others must notice."""
-  import time
-  import jdtensor
-  jdtensor.initialize_accelerator_system("CPU")
-  n, local, make, fns = _user_psum_setup()
-  x = make(1)
-  fns["dev"](x).block_until_ready()  # Steady state: programs built and run.
-  from jdtensor import heartbeat
-  if heartbeat.current() is not None:
-    heartbeat.current().ready.wait(60)  # ...and the heartbeat's first exchange.
-  result("ready", os.getpid())
-  deadline = time.monotonic() + 60
-  try:
-    while time.monotonic() < deadline:
-      fns["dev"](x).block_until_ready()  # Local work: no peer needed.
-      jdtensor.create_mesh([("x", 1)], devices=["CPU:0"])  # A jdtensor call.
-      time.sleep(0.01)
-  except jdtensor.PeerFailureError as e:
-    result("peer_failure", [str(e), list(e.client_ids)])
-    os._exit(0)  # Skip JAX's shutdown barrier with a dead peer.
-  result("survived", True)
-
-
-def scenario_heartbeat_token():
-  """Client 1's token goes out of sync (what a restarted client would send)."""
-  import time
-  import jdtensor
-  from jdtensor import heartbeat
-  jdtensor.initialize_accelerator_system("CPU")
-  hb = heartbeat.current()
-  hb.ready.wait(30)
-  time.sleep(0.5)
-  if jdtensor.client_id() == 1:
-    hb.token ^= 0x5A5A
-  deadline = time.monotonic() + 20
-  while time.monotonic() < deadline and hb.failure is None:
-    time.sleep(0.05)
-  result("failure", [str(hb.failure), list(hb.failure.client_ids)
-                     if hb.failure else None])
-  os._exit(0)
-
-
-def scenario_die_after_rendezvous():
-  """Client 1 dies right after meeting the coordinator, before JAX registers
-  it (the dying client wraps the call; client 0's code is untouched)."""
-  import signal
-  import jdtensor
-  from jdtensor import _rendezvous
-  if jdtensor.client_id() == 1:
-    real = _rendezvous.rendezvous
-
-    def meet_then_die(*args, **kwargs):
-      links = real(*args, **kwargs)
-      os.kill(os.getpid(), signal.SIGKILL)
-      return links
-    _rendezvous.rendezvous = meet_then_die
-  jdtensor.initialize_accelerator_system("CPU")
-  result("initialized", True)
-
-
-def scenario_double_init():
-  import jdtensor
-  jdtensor.initialize_accelerator_system("CPU")
-  jdtensor.initialize_accelerator_system("CPU")
-
-
-def scenario_shutdown_multi():
-  import jdtensor
-  jdtensor.initialize_accelerator_system("CPU")
-  jdtensor.shutdown_accelerator_system()
-
-
-def scenario_barrier_wait():
-  """Client 0 waits in a barrier that client 1 never reaches (it is killed)."""
-  import time
-  import jdtensor
-  jdtensor.initialize_accelerator_system("CPU")
-  mesh = jdtensor.create_distributed_mesh([("x", jdtensor.num_clients())])
-  result("ready", os.getpid())
-  if jdtensor.client_id() == 0:
-    jdtensor.barrier(mesh, "never", timeout_in_ms=120_000)
-  time.sleep(60)
-
-
-def scenario_missing_device():
-  import jdtensor
-  jdtensor.initialize_accelerator_system("CPU")
-  which = os.environ["FAULT_MESH"]
-  if which == "create_mesh":
-    jdtensor.create_mesh([("x", 2)], devices=["CPU:0", "CPU:7"])
-  else:
-    mesh = jdtensor.Mesh.from_string(
-        "|x=2|0,1|0|/job:worker/replica:0/task:0/device:CPU:0|"
-        "/job:worker/replica:0/task:0/device:CPU:0,"
-        "/job:worker/replica:0/task:5/device:CPU:0")
-    mesh.jax_mesh
-
-
-def scenario_corrupt_string():
-  import jdtensor
-  text = open(os.environ["FAULT_FILE"], encoding="utf-8", errors="replace").read()
-  parse = jdtensor.Mesh.from_string if os.environ["FAULT_KIND"] == "mesh" else (
-      jdtensor.Layout.from_string)
-  parse(text.strip())
-
-
 def scenario_init_only():
   import jdtensor
   jdtensor.initialize_accelerator_system("CPU")
@@ -382,10 +240,4 @@ def scenario_sleep():
 
 
 if __name__ == "__main__":
-  try:
-    globals()[f"scenario_{sys.argv[1]}"]()
-  except Exception as e:  # pylint: disable=broad-except
-    traceback.print_exc()
-    sys.stdout.flush()
-    os.write(1, f"\nERROR {type(e).__name__}: {e}\n".encode())
-    sys.exit(1)
+  run_scenario(globals())

@@ -1,0 +1,33 @@
+"""The launcher's pure parts: each client's environment, the spec's checks.
+(Launches with real processes: tests/multiprocess/test_launcher.py.)"""
+
+import re
+
+import pytest
+
+from jdtensor import launcher
+
+
+def test_worker_env_is_dtensor_env():
+  spec = launcher.LaunchSpec(command=("x",), num_clients=3, devices_per_client=2)
+  env = launcher.worker_env(spec, 1, [7001, 7002, 7003], {"KEEP": "1"})
+  assert env["DTENSOR_CLIENT_ID"] == "1" and env["DTENSOR_NUM_CLIENTS"] == "3"
+  assert env["DTENSOR_JOB_NAME"] == "worker"
+  assert env["DTENSOR_JOBS"] == "localhost:7001,localhost:7002,localhost:7003"
+  assert env["JAX_NUM_CPU_DEVICES"] == "2" and env["JAX_PLATFORMS"] == "cpu"
+  assert env["KEEP"] == "1"
+  ports = launcher.free_ports(4)
+  assert ports == sorted(ports) and len(set(ports)) == 4
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"command": ()}, "LaunchSpec.command is empty"),
+    ({"command": ("x",), "num_clients": 0}, "num_clients must be >= 1, got 0."),
+    ({"command": ("x",), "devices_per_client": 0}, "devices_per_client must be >= 1"),
+    ({"command": ("x",), "device_type": "XPU"}, "device_type must be CPU, GPU or TPU"),
+    ({"command": ("x",), "port": 70000}, "port must leave room for 2 ports"),
+    ({"command": ("x",), "timeout": 0}, "timeout must be > 0 seconds, got 0."),
+])
+def test_spec_validation(kwargs, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    launcher.LaunchSpec(**kwargs)
