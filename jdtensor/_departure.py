@@ -15,6 +15,13 @@ client at once, with its reason, or they hang in their next collective:
   still waiting for it in a collective, it has left early; the heartbeat
   names it.
 
+An exception from a collective whose connection to another client went away
+(gloo's "Connection reset by peer" when that client's process ended) is
+flagged ``peer_lost``: before it is announced as this client's own failure,
+the heartbeat is given a moment to name the client that went away, and if it
+does, this client leaves as a consequence (the other client is the root
+cause, named everywhere), not as a failure of its own.
+
 An exception that ends a background thread (``threading.excepthook``) does
 not end the client (Python's rule), so it is only announced as a notice; if
 the client then stalls, the stall report shows it.
@@ -32,13 +39,18 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Departure", "ExitGuard", "describe_exception"]
+__all__ = ["Departure", "ExitGuard", "describe_exception", "lost_a_peer"]
+
+# gloo's errors when the other end of one of its connections went away.
+_PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|"
+                        r"Socket closed|\b(?:Read|Write) error\b")
 
 
 @dataclass(frozen=True)
@@ -50,10 +62,16 @@ class Departure:
     why: What to tell the others, e.g. ``failed: ZeroDivisionError: division
       by zero (train.py:42 in step)`` or ``exited (code 3)``.
     failed: Whether this is a failure (an exception or a non-zero code).
+    peer_lost: The failure is a collective's error about a connection to
+      another client that went away (see `lost_a_peer`).
+    consequence: This client leaves because of another client, which the
+      heartbeat has already named to everyone (and to the launcher).
   """
   code: int
   why: str
   failed: bool
+  peer_lost: bool = False
+  consequence: bool = False
 
 
 def describe_exception(error: BaseException) -> str:
@@ -67,6 +85,13 @@ def describe_exception(error: BaseException) -> str:
     code = tb.tb_frame.f_code
     text += f" ({code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name})"
   return text
+
+
+def lost_a_peer(error: BaseException) -> bool:
+  """Whether `error` is gloo's error about a connection to another client
+  that went away (its process ended): a consequence of that client."""
+  text = str(error)
+  return "gloo" in text.lower() and _PEER_LOST.search(text) is not None
 
 
 def _status_code(status: Any) -> int:
@@ -90,12 +115,17 @@ class ExitGuard:
       (which would wait for a client that is gone, then abort the process).
     on_thread_exception: Called with a notice when a background thread dies
       of an exception.
+    blame_peer: Called, before `on_leave`, with a failure flagged
+      ``peer_lost``; returns the departure to leave with (a consequence when
+      the other client that went away was named in time).
   """
 
   def __init__(self, on_leave: Callable[[Departure], bool],
                detach_jax: Callable[[], None],
-               on_thread_exception: Callable[[str], None] | None = None):
+               on_thread_exception: Callable[[str], None] | None = None,
+               blame_peer: Callable[[Departure], Departure] | None = None):
     self._on_leave = on_leave
+    self._blame_peer = blame_peer
     self._detach_jax = detach_jax
     self._on_thread_exception = on_thread_exception
     self.exit_status: Any = None
@@ -138,7 +168,8 @@ class ExitGuard:
     error = getattr(sys, "last_value", None)
     if error is not None and not isinstance(error, SystemExit):
       code = 130 if isinstance(error, KeyboardInterrupt) else 1
-      return Departure(code, f"failed: {describe_exception(error)}", True)
+      return Departure(code, f"failed: {describe_exception(error)}", True,
+                       peer_lost=lost_a_peer(error))
     if self.exit_called:
       code = _status_code(self.exit_status)
       return Departure(code, f"exited (code {code})", code != 0)
@@ -158,6 +189,8 @@ class ExitGuard:
     self.departure = self.departure_now()
     clean = False
     try:
+      if self.departure.peer_lost and self._blame_peer is not None:
+        self.departure = self._blame_peer(self.departure)
       clean = self._on_leave(self.departure)
     finally:
       if not clean:

@@ -60,7 +60,7 @@ from jdtensor._flight import MainThreadRecorder, format_stacks
 from jdtensor.errors import NotInitializedError
 
 __all__ = ["start", "current", "Heartbeat", "PrivateExchange", "read_period",
-           "read_policy", "leave", "install_exit_guard", "dump_stacks",
+           "read_policy", "leave", "blame_peer", "install_exit_guard", "dump_stacks",
            "EXIT_CODE", "OWN_FAILURE_EXIT_CODE", "DEFAULT_PERIOD", "POLICIES",
            "FIRST_EXCHANGE_ALLOWANCE", "ROLL_CALL_GRACE"]
 
@@ -304,6 +304,29 @@ def start(period: float, policy: str | None = None) -> threading.Event:
     return heartbeat.event
 
 
+def blame_peer(departure: Departure) -> Departure:
+  """`departure` failed in a collective whose connection to another client
+  went away: waits briefly for the heartbeat to name that client (the liveness
+  links see a process end at once; a missed beat takes up to two periods).
+
+  Under policy "terminate" the heartbeat then ends this process itself, with
+  code 75 and the other client named; under "raise" and "log" this returns a
+  consequence departure (code 75). Returns `departure` unchanged when nobody
+  else was named in time: the failure is this client's own.
+  """
+  hb = _current
+  if hb is None or hb.exiting is not None:
+    return departure
+  me = runtime.state().env.client_id if runtime.state().env is not None else -1
+  hb.stopped.wait(min(2 * hb.period + ROLL_CALL_GRACE, HOST_EXIT_WAIT))
+  failure = hb.failure
+  culprits = [] if failure is None else [c for c in failure.client_ids if c != me]
+  if not culprits:
+    return departure
+  return Departure(EXIT_CODE, f"{departure.why}, after {failure}", True,
+                   peer_lost=True, consequence=True)
+
+
 def leave(departure: Departure) -> bool:
   """This client's way out (the exit handler calls it); see `_leave`.
 
@@ -338,12 +361,16 @@ def _leave(departure: Departure) -> bool:
   if departure.failed:
     if hb is not None:
       hb.abandon()
-    if links is not None:
-      links.announce_departure(departure.code, departure.why, True)
-    _launcher_report(me, _env.read_report_dir(), departure=True)(
-        [me], departure.why)
-    sys.stderr.write(f"jdtensor: client {me} {departure.why}; the other clients "
-                     "have been told.\n")
+    if departure.consequence:
+      # The heartbeat has told everyone (and the launcher) whom it blames.
+      sys.stderr.write(f"jdtensor: client {me} {departure.why}\n")
+    else:
+      if links is not None:
+        links.announce_departure(departure.code, departure.why, True)
+      _launcher_report(me, _env.read_report_dir(), departure=True)(
+          [me], departure.why)
+      sys.stderr.write(f"jdtensor: client {me} {departure.why}; the other clients "
+                       "have been told.\n")
     sys.stderr.flush()
     if me == 0 and links is not None:
       # Client 0 hosts the coordination service: ending it now would abort
@@ -389,7 +416,8 @@ def install_exit_guard() -> None:
       logging.warning("jdtensor: %s", text)
       if links is not None:
         links.notice(text)
-    _guard = ExitGuard(leave, _jax_private.detach_from_jax_shutdown, thread_died)
+    _guard = ExitGuard(leave, _jax_private.detach_from_jax_shutdown, thread_died,
+                       blame_peer)
     _guard.install()
     _install_stack_dump_signal()
 

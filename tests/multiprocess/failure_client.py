@@ -1,13 +1,13 @@
 """A training-like client whose client 1 misbehaves at step 3.
 
-    MISBEHAVE=exception|exit0|exit3|stall|gil|sigstop|none [MISBEHAVING_CLIENT=1] \
+    MISBEHAVE=exception|exit0|exit3|stall|gil|sigstop|sigkill|none [MISBEHAVING_CLIENT=1] \
       python failure_client.py
 
 Every client runs STEPS steps of a psum over a `jax.make_mesh` mesh of every
 device and checks each result. At step 3, client 1 (or MISBEHAVING_CLIENT,
 or "all") raises, calls sys.exit, sleeps in its own code (a stuck data loader), holds
-the GIL in C for GIL_SECONDS, or stops itself for STOP_SECONDS (a helper
-sends SIGCONT). It prints ``MISBEHAVING <unix time>`` first, so tests can
+the GIL in C for GIL_SECONDS, stops itself for STOP_SECONDS (a helper
+sends SIGCONT), or SIGKILLs itself while the others wait for it in the psum. It prints ``MISBEHAVING <unix time>`` first, so tests can
 time what follows.
 """
 
@@ -42,7 +42,7 @@ x = jax.make_array_from_callback((n, local), NamedSharding(mesh, P("b", "m")),
 
 def next_batch(step):
   """Where a stuck data loader would sit."""
-  if k == bad and step == 3 and os.environ.get("MISBEHAVE") == "stall":
+  if k == bad and step == 3 and what == "stall":
     time.sleep(600)
   return step
 
@@ -59,6 +59,9 @@ def misbehave(what):
     sys.exit(3)
   if what == "gil":  # PyDLL keeps the GIL for the whole C call.
     ctypes.PyDLL(None).sleep(int(os.environ.get("GIL_SECONDS", "20")))
+  if what == "sigkill":  # The others are blocked in the psum, reading from us.
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
   if what == "sigstop":
     subprocess.Popen(["sh", "-c", f"sleep {os.environ.get('STOP_SECONDS', '10')}; "
                       f"kill -CONT {os.getpid()}"])
@@ -67,6 +70,11 @@ def misbehave(what):
 
 
 what = os.environ.get("MISBEHAVE", "none")
+# Under `jdtensor launch --max-restarts`: misbehave on that attempt only.
+only_on = os.environ.get("MISBEHAVE_ON_ATTEMPT")
+if only_on is not None and os.environ.get("JDTENSOR_RESTART_COUNT") != only_on:
+  what = "none"
+print(f"ATTEMPT {os.environ.get('JDTENSOR_RESTART_COUNT')}", flush=True)
 from jdtensor import heartbeat  # noqa: E402
 if heartbeat.current() is not None:  # Misbehave in the steady state.
   heartbeat.current().ready.wait(60)

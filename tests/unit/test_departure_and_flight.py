@@ -152,3 +152,39 @@ def test_stack_top_names_the_innermost_frames():
   assert text.startswith("test_departure_and_flight.py:")
   assert " inner <- test_departure_and_flight.py:" in text
   assert text.endswith(" test_stack_top_names_the_innermost_frames")
+
+
+@pytest.mark.parametrize("message,lost", [
+    ("UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:547] "
+     "Connection closed by peer [127.0.0.1]:20118", True),
+    ("UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:538] "
+     "Read error [127.0.0.1]:27542: Connection reset by peer", True),
+    ("Gloo all-gather failed: Write error [10.0.0.2]:4000: Broken pipe", True),
+    ("Gloo all-reduce failed: Timed out waiting 30000ms for recv", False),
+    ("Connection reset by peer", False),  # Not a collective's: the user's own I/O.
+    ("division by zero", False),
+])
+def test_a_collective_error_about_a_lost_peer_is_recognised(message, lost):
+  assert _departure.lost_a_peer(RuntimeError(message)) is lost
+
+
+def test_a_lost_peer_failure_asks_whom_to_blame_before_leaving(monkeypatch):
+  monkeypatch.setattr(sys, "last_value",
+                      RuntimeError("Gloo all-reduce failed: Connection closed by peer"),
+                      raising=False)
+  left, exits = [], []
+  blamed = _departure.Departure(75, "failed: ..., after client 1 is gone", True,
+                                peer_lost=True, consequence=True)
+  g = _departure.ExitGuard(lambda d: left.append(d) or False, lambda: None,
+                           blame_peer=lambda d: blamed if d.peer_lost else d)
+  monkeypatch.setattr(g, "_exit_now", exits.append)
+  g.run()
+  assert left == [blamed] and exits == [75]
+  # Without a lost peer, nobody is asked.
+  monkeypatch.setattr(sys, "last_value", ValueError("bad"), raising=False)
+  left.clear()
+  g2 = _departure.ExitGuard(lambda d: left.append(d) or False, lambda: None,
+                            blame_peer=lambda d: pytest.fail("asked"))
+  monkeypatch.setattr(g2, "_exit_now", exits.append)
+  g2.run()
+  assert left[0].code == 1 and not left[0].peer_lost and exits[-1] == 1
