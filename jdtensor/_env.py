@@ -56,6 +56,11 @@ __all__ = [
     "JDTENSOR_RUN_SECRET",
     "JDTENSOR_CLUSTER_DETECTION",
     "JDTENSOR_SIMULATED_TPU_TOPOLOGY",
+    "JDTENSOR_K8S_PODS_PER_JOB",
+    "JDTENSOR_K8S_NUM_JOBS",
+    "JDTENSOR_K8S_SUBDOMAIN",
+    "JDTENSOR_K8S_JOB_NAME",
+    "JDTENSOR_RESTART_COUNT",
     "JAX_NUM_CPU_DEVICES",
     "MAX_TIMEOUT",
     "parse_host",
@@ -121,6 +126,15 @@ JDTENSOR_RUN_SECRET = "JDTENSOR_RUN_SECRET"
 JDTENSOR_CLUSTER_DETECTION = "JDTENSOR_CLUSTER_DETECTION"
 # A TPU slice simulated on CPU devices, "XxYxZxC" (see `SimulatedTopology`).
 JDTENSOR_SIMULATED_TPU_TOPOLOGY = "JDTENSOR_SIMULATED_TPU_TOPOLOGY"
+# Kubernetes detection (`jdtensor.cluster`): what a Job or JobSet manifest
+# tells its pods that Kubernetes itself does not.
+JDTENSOR_K8S_PODS_PER_JOB = "JDTENSOR_K8S_PODS_PER_JOB"
+JDTENSOR_K8S_NUM_JOBS = "JDTENSOR_K8S_NUM_JOBS"
+JDTENSOR_K8S_SUBDOMAIN = "JDTENSOR_K8S_SUBDOMAIN"
+JDTENSOR_K8S_JOB_NAME = "JDTENSOR_K8S_JOB_NAME"
+# Set by `jdtensor launch --max-restarts` for its clients: 0 on the first
+# attempt, then 1, 2, ...
+JDTENSOR_RESTART_COUNT = "JDTENSOR_RESTART_COUNT"
 
 # JAX's own variables that jdtensor reads (never writes).
 JAX_NUM_CPU_DEVICES = "JAX_NUM_CPU_DEVICES"

@@ -3,17 +3,20 @@
 Commands:
 
 * ``jdtensor launch [-n N] [--devices-per-client M] [--device-type CPU]
-  [--port P] [--timeout S] [--grace S] [--] cmd args...``: run N local clients
-  (see `jdtensor.launcher`).
-* ``jdtensor demo [--steps K]``: 4 clients x 2 simulated CPU devices train a
-  data + model parallel MLP on a (batch=4, model=2) distributed mesh.
-* ``jdtensor env [--detect auto|tpu|slurm|ompi]``: print the DTENSOR_* exports
-  derived from a TPU pod, SLURM or Open MPI environment.
+  [--port P] [--timeout S] [--grace S] [--max-restarts K] [--nnodes NN
+  --node-rank R --coordinator HOST:PORT [--node-address HOST]] [--] cmd
+  args...``: run N clients on this node (see `jdtensor.launcher`).
+* ``jdtensor demo [--steps K] [--checkpoint DIR] [--max-restarts K]``: 4
+  clients x 2 simulated CPU devices train a data + model parallel MLP on a
+  (batch=4, model=2) distributed mesh.
+* ``jdtensor env [--detect auto|tpu|slurm|k8s|ompi]``: print the DTENSOR_*
+  exports derived from a TPU pod, SLURM, Kubernetes or Open MPI environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from jdtensor.device_spec import DEVICE_TYPES
@@ -30,6 +33,17 @@ def _positive_int(text: str) -> int:
     raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
   if value < 1:
     raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+  return value
+
+
+def _non_negative_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f"expected a non-negative integer, got {text!r}") from None
+  if value < 0:
+    raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
   return value
 
 
@@ -65,6 +79,23 @@ def get_parser() -> argparse.ArgumentParser:
                       help="stop every client after this many seconds")
   launch.add_argument("--grace", type=_positive_float, default=5.0,
                       help="seconds between SIGTERM and SIGKILL (default 5)")
+  nodes = launch.add_argument_group(
+      "several machines", "one `jdtensor launch` per node; they meet at node 0's "
+      "--coordinator (authenticated with JDTENSOR_RUN_SECRET, the same on every "
+      "node) and number the clients node by node")
+  nodes.add_argument("--nnodes", type=_positive_int, default=1,
+                     help="number of nodes (default 1)")
+  nodes.add_argument("--node-rank", type=_non_negative_int, default=0,
+                     help="this node's rank, 0..nnodes-1 (default 0)")
+  nodes.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                     help="where node 0's launcher listens and the others connect")
+  nodes.add_argument("--node-address", default=None, metavar="HOST",
+                     help="the address other nodes reach this node's clients at "
+                     "(default: the address this node reaches node 0 from)")
+  launch.add_argument("--max-restarts", type=_non_negative_int, default=0,
+                      help="after a failure, start every client again (new ports "
+                      "and secret, JDTENSOR_RESTART_COUNT), up to this many "
+                      "times (default 0)")
   launch.add_argument("cmd", nargs=argparse.REMAINDER,
                       help="the command each client runs (after --)")
 
@@ -74,12 +105,20 @@ def get_parser() -> argparse.ArgumentParser:
                     help="training steps (default 30)")
   demo.add_argument("--timeout", type=_positive_float, default=300.0,
                     help="stop the clients after this many seconds (default 300)")
+  demo.add_argument("--checkpoint", default=None, metavar="DIR",
+                    help="save each client's shards after every step, and resume "
+                    "from the last step all saved (with --max-restarts)")
+  demo.add_argument("--max-restarts", type=_non_negative_int, default=0,
+                    help="start every client again after a failure, up to this "
+                    "many times (default 0)")
+  demo.add_argument("--step-delay", type=_positive_float, default=None,
+                    help=argparse.SUPPRESS)  # Slows the steps (to kill one).
   env = commands.add_parser(
-      "env", help="print DTENSOR_* exports derived from a TPU pod/SLURM/MPI job",
+      "env", help="print DTENSOR_* exports derived from a TPU pod/SLURM/k8s/MPI job",
       description="Print `export DTENSOR_...=...` lines for this process, "
       "derived from the cluster it runs in; variables already set are kept.")
   env.add_argument("--detect", default="auto",
-                   choices=["auto", "tpu", "slurm", "ompi"],
+                   choices=["auto", "tpu", "slurm", "k8s", "ompi"],
                    help="where to look (default auto)")
   return parser
 
@@ -91,6 +130,8 @@ _DEMO_CLIENT = "demo-client"
 def _demo_client_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog=f"jdtensor {_DEMO_CLIENT}")
   parser.add_argument("--steps", type=_positive_int, default=30)
+  parser.add_argument("--checkpoint", default=None)
+  parser.add_argument("--step-delay", type=_positive_float, default=None)
   return parser
 
 
@@ -101,10 +142,22 @@ def _launch(args: argparse.Namespace) -> int:
     print("jdtensor launch: give the command each client runs, e.g. "
           "`jdtensor launch -n 2 -- python train.py`", file=sys.stderr)
     return 2
-  spec = launcher.LaunchSpec(
-      command=tuple(cmd), num_clients=args.num_clients,
-      devices_per_client=args.devices_per_client, device_type=args.device_type,
-      port=args.port, timeout=args.timeout, grace=args.grace)
+  from jdtensor import _env  # pylint: disable=g-import-not-at-top
+  from jdtensor.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  extra = {}
+  try:
+    if args.nnodes > 1:  # The nodes share the secret the user set (or none).
+      extra["secret"] = _env.read_run_secret()
+    spec = launcher.LaunchSpec(
+        command=tuple(cmd), num_clients=args.num_clients,
+        devices_per_client=args.devices_per_client, device_type=args.device_type,
+        port=args.port, timeout=args.timeout, grace=args.grace,
+        nnodes=args.nnodes, node_rank=args.node_rank,
+        coordinator=args.coordinator, node_address=args.node_address,
+        max_restarts=args.max_restarts, **extra)
+  except (ConfigError, ValueError) as e:
+    print(f"jdtensor launch: {e}", file=sys.stderr)
+    return 2
   return launcher.launch(spec).exit_code
 
 
@@ -112,11 +165,15 @@ def _demo(args: argparse.Namespace) -> int:
   from jdtensor import launcher  # pylint: disable=g-import-not-at-top
   print(f"jdtensor demo: {_DEMO_CLIENTS} clients x {_DEMO_DEVICES} CPU devices, "
         "mesh batch=4 x model=2", flush=True)
+  command = [sys.executable, "-m", "jdtensor", _DEMO_CLIENT, "--steps", str(args.steps)]
+  if args.checkpoint:
+    command += ["--checkpoint", os.path.abspath(args.checkpoint)]
+  if args.step_delay:
+    command += ["--step-delay", str(args.step_delay)]
   spec = launcher.LaunchSpec(
-      command=(sys.executable, "-m", "jdtensor", _DEMO_CLIENT, "--steps",
-               str(args.steps)),
-      num_clients=_DEMO_CLIENTS, devices_per_client=_DEMO_DEVICES,
-      timeout=args.timeout)
+      command=tuple(command), num_clients=_DEMO_CLIENTS,
+      devices_per_client=_DEMO_DEVICES, timeout=args.timeout,
+      max_restarts=args.max_restarts)
   result = launcher.launch(spec)
   print("OK" if result.exit_code == 0 else "FAILED", flush=True)
   return result.exit_code
@@ -139,7 +196,8 @@ def _env_command(args: argparse.Namespace) -> int:
 
 def _demo_client(args: argparse.Namespace) -> int:
   from jdtensor import demo  # pylint: disable=g-import-not-at-top
-  return 0 if demo.report(demo.run_demo_client(args.steps)) else 1
+  return 0 if demo.report(demo.run_demo_client(
+      args.steps, args.checkpoint, args.step_delay or 0.0)) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,10 +3,19 @@
 Trains a small MLP with the batch sharded over mesh dimension ``batch`` and
 the hidden layer sharded over ``model`` (Layout -> NamedSharding), then checks
 that the loss curve equals an unsharded single-device run of the same model.
+
+With a checkpoint directory, every client writes its own shards of the
+parameters after each step (NumPy, ``client-<k>-step-<s>.npz``, the last two
+kept); a restarted run (``jdtensor demo --max-restarts``) resumes from the
+last step every client saved, and checks the remaining losses against the
+same steps of the single-device run.
 """
 
 from __future__ import annotations
 
+import glob
+import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -29,12 +38,15 @@ class DemoResult:
     reference_losses: Loss per step, unsharded single-device run.
     init_seconds: Time spent in initialize_accelerator_system.
     step_seconds: Median wall time of a training step (after compilation).
+    start_step: The step it resumed from (0: a fresh start); `losses` and
+      `reference_losses` cover the steps from there.
   """
   mesh: str
   losses: list[float]
   reference_losses: list[float]
   init_seconds: float
   step_seconds: float
+  start_step: int = 0
 
   @property
   def max_loss_difference(self) -> float:
@@ -68,11 +80,70 @@ def _train_step():
   return step
 
 
-def train(mesh, steps: int) -> tuple[list[float], list[float], float]:
+def _shards(array) -> list[np.ndarray]:
+  """This client's shards of `array`, in device order."""
+  return [np.asarray(s.data) for s in sorted(array.addressable_shards,
+                                               key=lambda s: s.device.id)]
+
+
+def _from_shards(shape, sharding, shards: list[np.ndarray]):
+  import jax  # pylint: disable=g-import-not-at-top
+  devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
+  return jax.make_array_from_single_device_arrays(
+      shape, sharding, [jax.device_put(s, d) for s, d in zip(shards, devices)])
+
+
+class _Checkpoints:
+  """One client's checkpoints: its shards after a step, the last two kept."""
+
+  def __init__(self, directory: str, client: int):
+    self.directory, self.client = directory, client
+    os.makedirs(directory, exist_ok=True)
+
+  def steps(self) -> list[int]:
+    pattern = re.compile(rf"client-{self.client}-step-(\d+)\.npz$")
+    found = [pattern.search(p) for p in glob.glob(
+        os.path.join(self.directory, f"client-{self.client}-step-*.npz"))]
+    return sorted(int(m.group(1)) for m in found if m)
+
+  def save(self, step: int, params) -> None:
+    path = os.path.join(self.directory, f"client-{self.client}-step-{step}.npz")
+    with open(path + ".tmp", "wb") as f:
+      np.savez(f, **{f"{k}:{i}": shard for k, v in params.items()
+                     for i, shard in enumerate(_shards(v))})
+    os.replace(path + ".tmp", path)  # A kill never leaves half a checkpoint.
+    for old in self.steps()[:-2]:
+      os.remove(os.path.join(self.directory, f"client-{self.client}-step-{old}.npz"))
+
+  def load(self, step: int, like) -> dict:
+    data = np.load(os.path.join(self.directory,
+                                f"client-{self.client}-step-{step}.npz"))
+    return {k: _from_shards(v.shape, v.sharding,
+                            [data[f"{k}:{i}"] for i in range(len(_shards(v)))])
+            for k, v in like.items()}
+
+
+def _resume_step(checkpoints: _Checkpoints) -> int:
+  """The last step every client saved (0 if one has none): an all-gather."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  mine = np.zeros([2], np.int64) - 1
+  have = checkpoints.steps()[-2:]
+  mine[:len(have)] = have
+  everyone = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 2)
+  common = set(everyone[0].tolist())
+  for row in everyone[1:]:
+    common &= set(row.tolist())
+  common.discard(-1)
+  return max(common) if common else 0
+
+
+def train(mesh, steps: int, checkpoint_dir: str | None = None,
+          step_delay: float = 0.0) -> tuple[list[float], list[float], float, int]:
   """Trains on `mesh` (dims batch, model) and on one local device.
 
   Returns:
-    (sharded losses, reference losses, median step seconds).
+    (sharded losses, reference losses, median step seconds, the step it
+    started from), the losses from that step on.
   """
   import jax  # pylint: disable=g-import-not-at-top
   from jdtensor.layout import UNSHARDED, Layout  # pylint: disable=g-import-not-at-top
@@ -94,13 +165,25 @@ def train(mesh, steps: int) -> tuple[list[float], list[float], float]:
   step = jax.jit(_train_step(), out_shardings=(shardings, None))
   sharded = {k: put(v, layouts[k]) for k, v in params.items()}
   xs, ys = put(x, data_layout), put(y, data_layout)
+  start_step, checkpoints = 0, None
+  if checkpoint_dir:
+    checkpoints = _Checkpoints(checkpoint_dir, jax.process_index())
+    start_step = _resume_step(checkpoints)
+    if start_step:
+      sharded = checkpoints.load(start_step, sharded)
+      print(f"resumed from step {start_step}", flush=True)
   losses, times = [], []
-  for _ in range(steps):
+  for number in range(start_step, steps):
     start = time.perf_counter()
     sharded, loss = step(sharded, xs, ys)
     # The loss is replicated on every device; read this client's copy.
     losses.append(float(np.asarray(loss.addressable_data(0))))
     times.append(time.perf_counter() - start)
+    if checkpoints is not None:
+      checkpoints.save(number + 1, sharded)
+      print(f"checkpoint step {number + 1}", flush=True)
+    if step_delay:
+      time.sleep(step_delay)
 
   device = jax.local_devices()[0]
   reference_step = jax.jit(_train_step())
@@ -110,29 +193,43 @@ def train(mesh, steps: int) -> tuple[list[float], list[float], float]:
   for _ in range(steps):
     ref, loss = reference_step(ref, rx, ry)
     reference.append(float(loss))
-  return losses, reference, float(np.median(times[1:] or times))
+  return (losses, reference[start_step:], float(np.median(times[1:] or times or [0])),
+          start_step)
 
 
-def run_demo_client(steps: int = 30) -> DemoResult:
-  """One client of `jdtensor demo` (started by the launcher with DTENSOR_*)."""
+def run_demo_client(steps: int = 30, checkpoint_dir: str | None = None,
+                    step_delay: float = 0.0) -> DemoResult:
+  """One client of `jdtensor demo` (started by the launcher with DTENSOR_*).
+
+  Args:
+    steps: Training steps in all.
+    checkpoint_dir: Where to save (and resume from) checkpoints.
+    step_delay: Seconds to sleep after each step (to watch it, or kill it).
+  """
   import jdtensor  # pylint: disable=g-import-not-at-top
   from jdtensor import runtime  # pylint: disable=g-import-not-at-top
 
   jdtensor.initialize_accelerator_system("CPU")
   mesh = jdtensor.create_distributed_mesh([("batch", 4), ("model", 2)])
-  losses, reference, step_seconds = train(mesh, steps)
+  print(f"pid {os.getpid()}", flush=True)
+  losses, reference, step_seconds, start = train(mesh, steps, checkpoint_dir,
+                                                 step_delay)
   jdtensor.barrier(mesh, "demo-end", timeout_in_ms=60_000)
   return DemoResult(mesh.to_string(), losses, reference,
-                    runtime.state().init_seconds, step_seconds)
+                    runtime.state().init_seconds, step_seconds, start)
 
 
 def report(result: DemoResult, prefix: str = "") -> bool:
   """Prints a short summary; returns whether the run matched the reference."""
   ok = result.max_loss_difference <= _TOLERANCE
   print(f"{prefix}mesh: {result.mesh}")
+  if not result.losses:
+    print(f"{prefix}nothing left to train (resumed at step {result.start_step})")
+    return True
+  resumed = f" (resumed at step {result.start_step})" if result.start_step else ""
   print(f"{prefix}init: {result.init_seconds * 1e3:.0f} ms, step: "
         f"{result.step_seconds * 1e3:.2f} ms, loss {result.losses[0]:.4f} -> "
-        f"{result.losses[-1]:.4f} over {len(result.losses)} steps")
+        f"{result.losses[-1]:.4f} over {len(result.losses)} steps{resumed}")
   print(f"{prefix}max |loss - single-device loss| = "
         f"{result.max_loss_difference:.2e} (tolerance {_TOLERANCE:.0e}): "
         f"{'OK' if ok else 'MISMATCH'}")

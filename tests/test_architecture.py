@@ -18,7 +18,7 @@ PRIVATE_JAX = "_jax_private.py"
 MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if p.name != PRIVATE_JAX)
 # The launcher's parent process and the pure layers: not even numpy.
-STDLIB_ONLY = ["launcher", "cli", "_env", "_rendezvous", "cluster", "errors",
+STDLIB_ONLY = ["launcher", "_supervisor", "_nodes", "cli", "_env", "_rendezvous", "cluster", "errors",
                "device_spec", "_logging", "testing", "testing._transport"]
 
 
@@ -164,7 +164,7 @@ LAYERS = [
     ("the state owner", ["runtime"]),
     ("composition", ["_interop", "config", "api", "mesh_util", "tpu.mesh",
                      "tpu.system", "heartbeat", "accelerator"]),
-    ("tools", ["launcher", "cli", "demo", "__main__", "testing",
+    ("tools", ["_supervisor", "_nodes", "launcher", "cli", "demo", "__main__", "testing",
                "testing._transport", "testing._client", "testing.pytest_plugin"]),
 ]
 ALLOWED_UPWARD = {("layout", "_interop")}

@@ -152,14 +152,40 @@ def build_topology(core_ids: Sequence[int], bounds: Sequence[int],
 def device_core_ids(devices: Sequence[Any]) -> tuple[list[int], list[int]]:
   """Core ids of real TPU devices, from their ``coords`` and ``core_on_chip``.
 
+  Multi-slice (devices with several ``slice_index`` values, ``MEGASCALE_*``):
+  every slice has its own coordinates, so the slices are stacked along z
+  (slice s holds z in ``[s*Z, (s+1)*Z)``): core ids stay unique, and DTensor's
+  ring orders put the slices on a mesh's outermost axis (it is z-major), so
+  ``create_tpu_mesh(["slice", ...], [num_slices, ...])`` keeps each slice in
+  one index of its first axis, with the ICI rings inside the slices.
+
   Args:
     devices: Every TPU device of the cluster (``jax.devices('tpu')``, or fake
-      devices with ``process_index``, ``id``, ``coords``, ``core_on_chip``).
+      devices with ``process_index``, ``id``, ``coords``, ``core_on_chip`` and
+      optionally ``slice_index``).
 
   Returns:
-    (bounds [X, Y, Z, C] of the slice, core id per task-device ordinal).
+    (bounds [X, Y, Z, C] of the slice, or of the stacked slices; core id per
+    task-device ordinal).
+
+  Raises:
+    ValueError: The slices differ in shape.
   """
-  coords = np.array([list(d.coords) + [d.core_on_chip] for d in devices])
-  bounds = [int(v) + 1 for v in coords.max(axis=0)]
+  slices = [int(getattr(d, "slice_index", 0) or 0) for d in devices]
+  shapes = {}
+  for d, s in zip(devices, slices):
+    loc = np.array(list(d.coords) + [d.core_on_chip])
+    shapes[s] = np.maximum(shapes.get(s, loc), loc)
+  per_slice = {s: [int(v) + 1 for v in shape] for s, shape in shapes.items()}
+  first = next(iter(per_slice.values()))
+  if any(b != first for b in per_slice.values()):
+    raise ValueError(
+        "The TPU slices differ in shape (" + ", ".join(
+            f"slice {s}: {'x'.join(map(str, b))}" for s, b in sorted(per_slice.items()))
+        + "); a multi-slice mesh needs slices of one topology.")
+  z = first[2]
+  bounds = first[:2] + [z * (max(slices) + 1)] + first[3:]
+  where = {id(d): s for d, s in zip(devices, slices)}
   ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
-  return bounds, [core_id(*d.coords, d.core_on_chip, bounds) for d in ordered]
+  return bounds, [core_id(d.coords[0], d.coords[1], d.coords[2] + z * where[id(d)],
+                          d.core_on_chip, bounds) for d in ordered]

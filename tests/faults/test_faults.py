@@ -143,9 +143,9 @@ ENV_CASES = [
     ("heartbeat-policy", {"JDTENSOR_HEARTBEAT_POLICY": "abort"},
      "ConfigError: JDTENSOR_HEARTBEAT_POLICY='abort' is not one of terminate, "
      "raise, log."),
-    ("cluster-detection", {"JDTENSOR_CLUSTER_DETECTION": "k8s"},
-     "ConfigError: cluster_detection='k8s' is not one of none, auto, tpu, slurm, "
-     "ompi."),
+    ("cluster-detection", {"JDTENSOR_CLUSTER_DETECTION": "pbs"},
+     "ConfigError: cluster_detection='pbs' is not one of none, auto, tpu, slurm, "
+     "k8s, ompi."),
     ("coordinator-host-unknown", {"DTENSOR_JOBS": "no-such-host.invalid:5000,"
                                                   "localhost:5001"},
      "StartupError: Client 0 cannot start the coordinator: the host of "

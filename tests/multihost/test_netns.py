@@ -11,6 +11,7 @@ skipped with the reason otherwise.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -147,3 +148,15 @@ def test_dead_host_survivors_exit_with_a_clear_message(hosts):
     assert "heartbeat: clients 2, 3 missed beat " in live.err[c], live.err[c]
   for c in (2, 3):  # Cut off: they stop too, one way or another, in time.
     assert c in ended and live.procs[c].returncode != 0, live.err[c]
+
+
+def test_jdtensor_launch_across_two_hosts(hosts):
+  """One launcher per host: they meet at host 1's coordinator address, each
+  runs 2 clients, and every psum spans both hosts."""
+  from tests.multiprocess.test_nodes import Launchers, nodes_argv  # pylint: disable=g-import-not-at-top
+  argv = nodes_argv(2, 2, 1, coordinator=f"{hosts.addresses[0]}:29400")
+  run = Launchers(argv, prefixes=[hosts.exec_prefix(0), hosts.exec_prefix(1)],
+                  MISBEHAVE="none", STEPS="5", JDTENSOR_HEARTBEAT_PERIOD="0.5")
+  assert run.finish(180) == [0, 0], run.out
+  assert sorted(re.findall(r"^\[client (\d)\] DONE$", run.out[0], re.M)) == ["0", "1"]
+  assert sorted(re.findall(r"^\[client (\d)\] DONE$", run.out[1], re.M)) == ["2", "3"]

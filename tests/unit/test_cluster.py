@@ -49,8 +49,8 @@ def test_nothing_detected():
   with pytest.raises(ConfigError, match=r"^cluster_detection='slurm': this process "
                      "is not part of a slurm cluster"):
     cluster.resolve(TPU, "slurm")
-  with pytest.raises(ConfigError, match="cluster_detection='k8s' is not one of"):
-    cluster.resolve({}, "k8s")
+  with pytest.raises(ConfigError, match="cluster_detection='pbs' is not one of"):
+    cluster.resolve({}, "pbs")
 
 
 def test_user_dtensor_vars_win_and_disagreement_is_an_error():

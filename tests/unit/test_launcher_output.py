@@ -3,11 +3,11 @@
 import io
 import time
 
-from jdtensor import cli, launcher
+from jdtensor import _supervisor, cli
 
 
 def pump(lines):
-  sup = launcher._Supervisor.__new__(launcher._Supervisor)
+  sup = _supervisor._Supervisor.__new__(_supervisor._Supervisor)
   sup.write_lock = __import__("threading").Lock()
   sink = io.StringIO()
   sup._pump(1, io.BytesIO("".join(lines).encode()), sink)
@@ -36,9 +36,9 @@ def test_fragments_only_right_after_a_notice():
       if line == b"\n":
         self.empties += 1
         if self.empties == 2:  # Arrives after the fragment window.
-          time.sleep(launcher._GLOO_FRAGMENT_SECONDS + 0.1)
+          time.sleep(_supervisor._GLOO_FRAGMENT_SECONDS + 0.1)
       return line
-  sup = launcher._Supervisor.__new__(launcher._Supervisor)
+  sup = _supervisor._Supervisor.__new__(_supervisor._Supervisor)
   sup.write_lock = __import__("threading").Lock()
   sink = io.StringIO()
   sup._pump(1, SlowPipe(("x\n" + GLOO + "\n" + "\n").encode()), sink)

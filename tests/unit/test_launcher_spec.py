@@ -10,12 +10,18 @@ from jdtensor import launcher
 
 def test_worker_env_is_dtensor_env():
   spec = launcher.LaunchSpec(command=("x",), num_clients=3, devices_per_client=2)
-  env = launcher.worker_env(spec, 1, [7001, 7002, 7003], {"KEEP": "1"})
+  env = launcher.worker_env(spec, 1, [7001, 7002, 7003],
+                            {"KEEP": "1", "JDTENSOR_RESTART_COUNT": "5"})
   assert env["DTENSOR_CLIENT_ID"] == "1" and env["DTENSOR_NUM_CLIENTS"] == "3"
   assert env["DTENSOR_JOB_NAME"] == "worker"
   assert env["DTENSOR_JOBS"] == "localhost:7001,localhost:7002,localhost:7003"
   assert env["JAX_NUM_CPU_DEVICES"] == "2" and env["JAX_PLATFORMS"] == "cpu"
   assert env["KEEP"] == "1"
+  assert env["JDTENSOR_RESTART_COUNT"] == "0"  # always set, never inherited
+  later = launcher.Attempt((0, 1), ("h:1", "h:2"), "s" * 16, restart_count=2)
+  env = launcher.worker_env(spec, 1, [], {}, later)
+  assert env["JDTENSOR_RESTART_COUNT"] == "2" and env["DTENSOR_JOBS"] == "h:1,h:2"
+  assert env["JDTENSOR_RUN_SECRET"] == "s" * 16
   ports = launcher.free_ports(4)
   assert ports == sorted(ports) and len(set(ports)) == 4
 

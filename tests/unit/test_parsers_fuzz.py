@@ -143,13 +143,18 @@ _CLUSTER_VARS = ("TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "SLURM_JOB_ID",
                  "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NTASKS",
                  "SLURM_PROCID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
                  "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                 "OMPI_MCA_orte_hnp_uri", "JDTENSOR_COORDINATOR_PORT")
+                 "OMPI_MCA_orte_hnp_uri", "JDTENSOR_COORDINATOR_PORT",
+                 "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID",
+                 "MEGASCALE_COORDINATOR_ADDRESS", "JOB_COMPLETION_INDEX",
+                 "JDTENSOR_K8S_PODS_PER_JOB", "JDTENSOR_K8S_NUM_JOBS",
+                 "JDTENSOR_K8S_SUBDOMAIN", "JDTENSOR_K8S_JOB_NAME", "JOBSET_NAME",
+                 "REPLICATED_JOB_NAME", "JOB_INDEX", "HOSTNAME")
 _NUMBERISH = st.one_of(st.from_regex(r"-?[0-9]{1,12}", fullmatch=True), _NEAR_TEXT)
 
 
 @_FAST
 @given(st.dictionaries(st.sampled_from(_CLUSTER_VARS), _NUMBERISH, max_size=8),
-       st.sampled_from(["auto", "tpu", "slurm", "ompi", "none"]))
+       st.sampled_from(["auto", "tpu", "slurm", "k8s", "ompi", "none"]))
 def test_cluster_detection(environ, method):
   try:
     cluster.resolve(environ, method)

@@ -1,10 +1,12 @@
 """TPU topology maths: simulated slices, core ids, and real-TPU devices (fakes)."""
 
+import itertools
 from dataclasses import dataclass
 
 import pytest
 
 from jdtensor.errors import ConfigError
+from jdtensor.tpu import ring
 from jdtensor.tpu import topology as T
 
 
@@ -72,3 +74,47 @@ def test_device_core_ids_from_jax_devices():
   bounds, ids = T.device_core_ids(devices[::-1])  # Input order does not matter.
   assert bounds == [2, 2, 1, 2]
   assert ids == list(range(8))
+
+
+@dataclass(frozen=True)
+class FakeSliceTpu(FakeTpu):
+  slice_index: int = 0
+
+
+def _multislice(num_slices, x, y, z, cores, hosts_per_slice):
+  """Devices of `num_slices` x-by-y-by-z slices, processes slice by slice."""
+  devices = []
+  per_slice = x * y * z * cores
+  for s in range(num_slices):
+    for i, (zz, yy, xx, c) in enumerate(itertools.product(
+        range(z), range(y), range(x), range(cores))):
+      host = s * hosts_per_slice + i * hosts_per_slice // per_slice
+      devices.append(FakeSliceTpu(len(devices), host, (xx, yy, zz), c, s))
+  return devices
+
+
+@pytest.mark.parametrize("num_slices,shape", [(2, (4, 2, 1, 1)), (3, (2, 2, 2, 2)),
+                                              (4, (4, 4, 1, 1))])
+def test_multislice_stacks_slices_along_z_onto_the_outer_mesh_axis(num_slices, shape):
+  x, y, z, cores = shape
+  devices = _multislice(num_slices, x, y, z, cores, hosts_per_slice=2)
+  bounds, ids = T.device_core_ids(devices)
+  assert bounds == [x, y, z * num_slices, cores]
+  assert sorted(ids) == list(range(len(devices)))  # unique: the merge works
+  # Each slice's cores are one z-block, and a mesh whose outer axis is the
+  # slice count holds one whole slice per index (ICI rings stay inside).
+  per_slice = len(devices) // num_slices
+  order = ring.ring_order(bounds, [num_slices, per_slice])
+  for s in range(num_slices):
+    assert {loc[2] // z for loc in order[s * per_slice:(s + 1) * per_slice]} == {s}
+  topo = T.build_topology(ids, bounds, num_slices * 2)
+  assert topo.device_coordinates.shape == (num_slices * 2, per_slice // 2, 4)
+
+
+def test_multislice_slices_of_different_shapes_are_refused():
+  devices = _multislice(2, 2, 2, 1, 1, 1)
+  devices[-1] = FakeSliceTpu(devices[-1].id, 1, (2, 1, 0), 0, 1)
+  with pytest.raises(ValueError, match=r"The TPU slices differ in shape \(slice 0: "
+                     r"2x2x1x1, slice 1: 3x2x1x1\); a multi-slice mesh needs "
+                     "slices of one topology."):
+    T.device_core_ids(devices)
