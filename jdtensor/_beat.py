@@ -240,6 +240,7 @@ class Heartbeat:
     self.closed_cleanly: bool | None = None  # Result of the teardown.
     self.exiting: str | None = None  # None, "finished" or "failed".
     self.departed: dict[int, float] = {}  # Clients that ended normally.
+    self.leaving: set[int] = set()  # Clients that announced they are leaving.
     self.cluster: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     self._all_waiting_logged = False
     self._fail_lock = threading.Lock()
@@ -547,7 +548,11 @@ class Heartbeat:
       sys.stderr.write(message + "\n")
       sys.stderr.flush()
       if self.client_id == 0:  # Hosts the services: leave last.
-        self._wait_peers_gone(HOST_EXIT_WAIT, error.client_ids)
+        # Not for a culprit that may never end (stalled, stopped); but one
+        # that announced its departure is on its way out: ending the services
+        # under it would abort it from C++ (JAX's error poll).
+        self._wait_peers_gone(HOST_EXIT_WAIT, [c for c in error.client_ids
+                                               if c not in self.leaving])
       self._terminate(exit_code)
       return
     logging.error("%s", message)
@@ -589,6 +594,7 @@ class Heartbeat:
 
   def peer_left(self, client: int, code: int, why: str, failure: bool) -> None:
     """A client announced it is leaving: with a failure, or finished."""
+    self.leaving.add(client)
     if not failure:
       self.departed[client] = self._clock()
       return

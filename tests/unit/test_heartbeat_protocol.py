@@ -381,6 +381,25 @@ def test_a_departure_with_a_failure_stops_the_others_at_once(why, expected):
   assert str(hb.failure) == expected and codes == [heartbeat.EXIT_CODE]
 
 
+def test_client_0_waits_for_a_leaving_culprit_but_not_for_a_silent_one():
+  """Client 0 hosts the services and leaves last: it waits for every other
+  process to end, except a culprit that may never end (stalled, stopped);
+  one that announced its departure is on its way out and is waited for
+  (ending the services under it would abort it from C++)."""
+  waited = []
+  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=lambda c: None,
+                           wait_peers_gone=lambda t, ignore: waited.append(list(ignore)))
+  hb.peer_left(1, 0, "exited (code 0)", False)  # Ended its script early...
+  hb._fail("heartbeat: client 1 exited (code 0) while the others were still "
+           "running", [1])  # ... and is named for it: wait for it too.
+  assert waited == [[]]
+  waited.clear()
+  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=lambda c: None,
+                           wait_peers_gone=lambda t, ignore: waited.append(list(ignore)))
+  hb._fail("heartbeat: client 2 stalled", [2])
+  assert waited == [[2]]
+
+
 def test_a_finished_client_only_logs_what_happens_to_the_others():
   codes = []
   hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=codes.append)
