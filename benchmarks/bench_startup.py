@@ -8,6 +8,8 @@
    (`jax.distributed.initialize` + `Mesh` + psum), and TF DTensor when
    ``JDTENSOR_BENCH_TF_PYTHON`` names a Python where TensorFlow imports.
 2. Scale: the same for 2, 4 and 8 clients x 1 device.
+   Multi-node: the same 4 x 2 clients as two `jdtensor launch --nnodes 2`
+   launchers (2 clients each) meeting on loopback, against one launcher.
 3. Dead-client detection: SIGKILL one of 4 clients, time until the last
    survivor has exited: jdtensor (heartbeat period 1 s) vs raw JAX's defaults.
 4. The other ways a client stops taking part (3 clients x 2 devices, a psum
@@ -108,6 +110,24 @@ def cold_start(kind: str, n: int, devices: int,
   return max(times) - start
 
 
+def cold_start_two_nodes() -> float:
+  """`cold_start("jdtensor", 4, 2)` as two nodes of two clients on loopback."""
+  coordinator = f"127.0.0.1:{free_ports(1)[0]}"
+  env = {**_base_env(), "JDTENSOR_RUN_SECRET": "bench nodes secret 0123456789"}
+  start = time.time()
+  procs = [subprocess.Popen(
+      [PY, "-m", "jdtensor", "launch", "--nnodes", "2", "--node-rank", str(r),
+       "--coordinator", coordinator, "-n", "2", "--devices-per-client", "2",
+       "--timeout", "300", "--", PY, CLIENT, "first_collective"],
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+      start_new_session=True) for r in (0, 1)]
+  times = [float(t) for out in _reap(procs, 300)
+           for t in re.findall(r"FIRST_COLLECTIVE_AT ([\d.]+)", out)]
+  if len(times) != 4:
+    raise RuntimeError(f"two nodes: {len(times)} of 4 clients reached the psum")
+  return max(times) - start
+
+
 def detection(kind: str, n: int = 4) -> float:
   """Seconds from SIGKILL of the last client to the last survivor's exit."""
   if kind == "jdtensor":
@@ -198,6 +218,16 @@ def main(argv=None) -> str:
       for kind in kinds:
         scale[kind].append(cold_start(kind, n, 1))
     lines.append(_median_row(str(n), scale, "raw JAX"))
+
+  nodes = {"one launcher, 4 clients": [], "two launchers (--nnodes 2), 2 + 2 clients": []}
+  for _ in range(args.repeats):
+    nodes["one launcher, 4 clients"].append(cold_start("jdtensor", 4, 2))
+    nodes["two launchers (--nnodes 2), 2 + 2 clients"].append(cold_start_two_nodes())
+  lines += ["", "Multi-node `jdtensor launch` on loopback, 4 clients x 2 CPU "
+            "devices, launch -> every client done one psum, seconds min / median "
+            "(ratio to one launcher):", "", "| | " + " | ".join(nodes) + " |",
+            "|---|" + "---:|" * len(nodes),
+            _median_row("cold start", nodes, "one launcher, 4 clients")]
 
   det = {"jdtensor": [detection("jdtensor") for _ in range(max(2, args.repeats // 2))]}
   lines += ["", "Dead-client detection: SIGKILL one of 4 clients, seconds until "
