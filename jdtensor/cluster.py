@@ -96,6 +96,10 @@ class DetectedCluster:
 
 
 def _int(environ: Mapping[str, str], name: str) -> int:
+  if name not in environ:
+    raise ConfigError(f"{name} is not set, but the other variables of this "
+                      "cluster are; it is set by the cluster's launcher (or set "
+                      "DTENSOR_JOBS and DTENSOR_CLIENT_ID yourself).")
   return _env.parse_int(name, environ[name],
                         hint="it is set by the cluster's launcher.")
 

@@ -203,6 +203,9 @@ def test_the_demo_resumes_from_its_checkpoint_after_a_sigkill(tmp_path):
   assert "jdtensor launch: restarting (1 of 1) after: client 1 was killed by SIGKILL" in text
   resumed = {int(m) for m in re.findall(r"^\[client \d\] resumed from step (\d+)$",
                                         text, re.M)}
-  assert len(resumed) == 1 and next(iter(resumed)) >= 6, text
+  # Client 1 saved step 6, so every client took part in step 6 and had saved
+  # step 5 first; step 6 itself may not be on every client's disk (the others
+  # can be stopped between the step and its save): the common step is 5 or 6.
+  assert len(resumed) == 1 and next(iter(resumed)) in (5, 6), text
   assert len(re.findall(r"\(resumed at step \d+\)$", text, re.M)) == 4, text
   assert len(re.findall(r"single-device loss\| = .*: OK$", text, re.M)) == 4, text

@@ -206,6 +206,10 @@ def test_multislice_numbers_clients_slice_by_slice():
   other = cluster.detect({**MULTISLICE, "TPU_WORKER_HOSTNAMES": "u0,u1",
                           "MEGASCALE_SLICE_ID": "0", "TPU_WORKER_ID": "0"}, "tpu")
   assert other.jobs == found.jobs and other.client_id == 0
+  with pytest.raises(ConfigError, match=r"MEGASCALE_SLICE_ID is not set, but the "
+                     "other variables of this cluster are"):  # Found by the fuzz test.
+    cluster.detect({k: v for k, v in MULTISLICE.items()
+                    if k != "MEGASCALE_SLICE_ID"}, "tpu")
   with pytest.raises(ConfigError, match=r"MEGASCALE_SLICE_ID=3 must be in \[0, "
                      "MEGASCALE_NUM_SLICES=3\\)"):
     cluster.detect({**MULTISLICE, "MEGASCALE_SLICE_ID": "3"}, "tpu")
