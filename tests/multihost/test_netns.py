@@ -160,3 +160,24 @@ def test_jdtensor_launch_across_two_hosts(hosts):
   assert run.finish(180) == [0, 0], run.out
   assert sorted(re.findall(r"^\[client (\d)\] DONE$", run.out[0], re.M)) == ["0", "1"]
   assert sorted(re.findall(r"^\[client (\d)\] DONE$", run.out[1], re.M)) == ["2", "3"]
+
+
+def test_a_failure_on_one_host_stops_the_other_naming_it(hosts):
+  """Client 2 (on host 2) raises: host 1's clients stop within seconds, and
+  both launchers name client 2 as the root cause."""
+  import time  # pylint: disable=g-import-not-at-top
+  from tests.multiprocess.test_nodes import Launchers, nodes_argv  # pylint: disable=g-import-not-at-top
+  argv = nodes_argv(2, 2, 1, coordinator=f"{hosts.addresses[0]}:29401")
+  run = Launchers(argv, prefixes=[hosts.exec_prefix(0), hosts.exec_prefix(1)],
+                  MISBEHAVE="exception", MISBEHAVING_CLIENT="2", STEPS="200",
+                  JDTENSOR_HEARTBEAT_PERIOD="0.5")
+  stamp = float(run.wait_for(r"^\[client 2\] MISBEHAVING ([\d.]+)$", 1, 120).group(1))
+  assert run.finish(60) == [1, 1], run.out
+  assert time.time() - stamp < 30
+  assert re.search(r"^jdtensor launch \(node 0\): client 2 exited with code 1 \(on "
+                   r"node 1\); stopped clients ", run.out[0], re.M), run.out[0]
+  assert re.search(r"^jdtensor launch \(node 1\): client 2 exited with code 1; "
+                   r"stopped clients ", run.out[1], re.M), run.out[1]
+  for c in (0, 1):
+    assert re.search(rf"^\[client {c}\] heartbeat: client 2 failed: ZeroDivisionError",
+                     run.out[0], re.M), run.out[0]
