@@ -42,6 +42,7 @@ from typing import IO, Any
 from jdtensor import _env, _supervisor
 from jdtensor._deadline import Deadline
 from jdtensor._links import MAX_FRAME
+from jdtensor.errors import ConfigError
 
 __all__ = ["run", "NodeError"]
 
@@ -79,10 +80,23 @@ def _split(address: str) -> tuple[str, int]:
   return host.strip("[]"), int(port)
 
 
-def _ports(spec: _supervisor.LaunchSpec, host: str) -> list[int]:
+class _FixedPorts:
+  """``--port P``: ports P, P+1, ... (nothing to hold)."""
+
+  def __init__(self, first: int, n: int):
+    self.ports = list(range(first, first + n))
+
+  def release(self) -> None:
+    pass
+
+
+def _ports(spec: _supervisor.LaunchSpec, host: str
+           ) -> _supervisor.HeldPorts | _FixedPorts:
+  """This node's client ports, held until the group's `go` (two nodes on one
+  host, e.g. on loopback, then never pick the same port)."""
   if spec.port is not None:
-    return list(range(spec.port, spec.port + spec.num_clients))
-  return _supervisor.free_ports(spec.num_clients, host)
+    return _FixedPorts(spec.port, spec.num_clients)
+  return _supervisor.HeldPorts(spec.num_clients, host)
 
 
 class _Channel:
@@ -489,16 +503,28 @@ def _run_node0(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
   attempt, result = 0, _supervisor.LaunchResult()
   try:
     while True:
-      ports = {0: (group.address, _ports(spec, group.address))}
-      for rank, (address, node_ports) in group.gather(
-          "ports", Deadline(_ROUND_SECONDS)).items():
-        ports[rank] = (str(address), [int(p) for p in node_ports])
-      jobs = [_entry(ports[r][0], p) for r in range(spec.nnodes) for p in ports[r][1]]
-      _env.parse_jobs(",".join(jobs))  # Distinct, well-formed, or a clear error.
-      nonce = secrets.token_hex(16)
-      go = {"jobs": jobs, "attempt": attempt, "nonce": nonce,
-            "secret": None if spec.secret else secrets.token_hex(32)}
-      group.broadcast({"go": go})
+      held = _ports(spec, group.address)
+      try:
+        ports = {0: (group.address, held.ports)}
+        for rank, (address, node_ports) in group.gather(
+            "ports", Deadline(_ROUND_SECONDS)).items():
+          ports[rank] = (str(address), [int(p) for p in node_ports])
+        jobs = [_entry(ports[r][0], p) for r in range(spec.nnodes)
+                for p in ports[r][1]]
+        try:
+          _env.parse_jobs(",".join(jobs))  # Distinct and well-formed.
+        except ConfigError as e:
+          problem = (f"the nodes' clients would not have distinct addresses: {e} "
+                     "Give the nodes different addresses (--node-address) or "
+                     "--port ranges, or let jdtensor pick free ports (no --port).")
+          group.broadcast({"error": problem})
+          raise NodeError(problem) from None
+        nonce = secrets.token_hex(16)
+        go = {"jobs": jobs, "attempt": attempt, "nonce": nonce,
+              "secret": None if spec.secret else secrets.token_hex(32)}
+        group.broadcast({"go": go})
+      finally:
+        held.release()
       failures: list[dict[str, Any]] = []
       done: dict[int, Any] = {}
 
@@ -575,8 +601,12 @@ def _run_node_r(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
   me = spec.node_rank
   try:
     while True:
-      node.chan.send({"ports": [address, _ports(spec, address)]})
-      frame = node.expect(("go", "finish"), Deadline(_ROUND_SECONDS))
+      held = _ports(spec, address)
+      try:
+        node.chan.send({"ports": [address, held.ports]})
+        frame = node.expect(("go", "finish"), Deadline(_ROUND_SECONDS))
+      finally:
+        held.release()
       if "finish" in frame:
         raise NodeError("node 0 ended the run before it started.")
       go = frame["go"]

@@ -29,7 +29,7 @@ from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 
 __all__ = ["LaunchSpec", "LaunchResult", "Attempt", "Failure", "Interrupt",
-           "Signals", "free_ports", "worker_env", "run_attempt", "is_gloo_noise",
+           "Signals", "HeldPorts", "free_ports", "worker_env", "run_attempt", "is_gloo_noise",
            "describe_exit", "stop_process_groups", "EXIT_TIMEOUT"]
 
 # Gloo prints "[Gloo] Rank r is connected to k peer ranks. Expected number of
@@ -192,20 +192,36 @@ class Attempt:
                    spec.secret if secret is None else secret, restart_count)
 
 
+class HeldPorts:
+  """`n` distinct free TCP ports on `host`, ascending, kept bound (so that no
+  other process, e.g. another node's launcher on the same host, picks them)
+  until `release`."""
+
+  def __init__(self, n: int, host: str = "127.0.0.1"):
+    self._socks: list[socket.socket] = []
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+      for _ in range(n):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        self._socks.append(s)
+        s.bind((host, 0))
+    except BaseException:
+      self.release()
+      raise
+    self.ports = sorted(s.getsockname()[1] for s in self._socks)
+
+  def release(self) -> None:
+    for s in self._socks:
+      s.close()
+    self._socks = []
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
   """`n` distinct free TCP ports on `host`, ascending (bound at once, then
   released)."""
-  socks = []
-  family = socket.AF_INET6 if ":" in host else socket.AF_INET
-  try:
-    for _ in range(n):
-      s = socket.socket(family, socket.SOCK_STREAM)
-      s.bind((host, 0))
-      socks.append(s)
-    return sorted(s.getsockname()[1] for s in socks)
-  finally:
-    for s in socks:
-      s.close()
+  held = HeldPorts(n, host)
+  held.release()
+  return held.ports
 
 
 def worker_env(spec: LaunchSpec, client: int, ports: Sequence[int],

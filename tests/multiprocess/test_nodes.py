@@ -176,6 +176,18 @@ def test_a_node_with_the_wrong_secret_is_refused():
   assert "jdtensor launch (node 1): " in bad.out[0]
 
 
+def test_two_nodes_on_one_address_with_the_same_port_get_a_clear_error():
+  port = free_port()
+  argv = nodes_argv(2, 1, 1, "--port", str(port))
+  run = Launchers(argv, MISBEHAVE="none", STEPS="2")
+  assert run.finish(60) == [2, 2], run.out
+  problem = ("the nodes' clients would not have distinct addresses: "
+             f"DTENSOR_JOBS='127.0.0.1:{port},127.0.0.1:{port}'")
+  assert f"jdtensor launch (node 0): {problem}" in run.out[0], run.out[0]
+  assert f"jdtensor launch (node 1): node 0: {problem}" in run.out[1], run.out[1]
+  assert "Traceback" not in run.out[0] + run.out[1]
+
+
 def test_the_demo_resumes_from_its_checkpoint_after_a_sigkill(tmp_path):
   checkpoint = tmp_path / "ckpt"
   proc = subprocess.Popen(

@@ -37,3 +37,16 @@ def test_worker_env_is_dtensor_env():
 def test_spec_validation(kwargs, message):
   with pytest.raises(ValueError, match=re.escape(message)):
     launcher.LaunchSpec(**kwargs)
+
+
+def test_held_ports_are_never_handed_out_again_until_released():
+  """Two launchers on one host (multi-node on loopback) pick their clients'
+  ports while the other's are held: never the same port."""
+  from jdtensor import _supervisor  # pylint: disable=g-import-not-at-top
+  held = _supervisor.HeldPorts(4)
+  try:
+    for _ in range(200):
+      assert not set(launcher.free_ports(4)) & set(held.ports)
+  finally:
+    held.release()
+  assert len(set(held.ports)) == 4 and held.ports == sorted(held.ports)
