@@ -68,8 +68,8 @@ def test_only_the_failing_client_is_named_with_its_assertion(examples):
   outcome, message, text = outcomes["test_only_client_2_fails"]
   assert outcome == "failure", out
   lines = text.splitlines()
-  assert lines[0] == "client 2: AssertionError: wrong on purpose in client 2"
-  assert lines[1] == "clients 0, 1, 3 stopped as a consequence."
+  assert lines[0] == "client 2: AssertionError: wrong on purpose in client 2", text
+  assert lines[1] == "clients 0, 1, 3 stopped as a consequence.", text
   assert "--- client 2 ---" in lines
   # Its traceback points at the test's own line, with pytest's rewritten assert.
   assert re.search(r'File ".*multi_client_examples\.py", line \d+, in '
