@@ -35,6 +35,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jdtensor._rendezvous import format_host_port
+
 __all__ = [
     "MISSING",
     "JAXLIB_VERSION",
@@ -216,10 +218,6 @@ module @jdtensor_heartbeat attributes {{mhlo.num_replicas = {num_processes} : i3
 """
 
 
-def _host_port(host: str, port: int) -> str:
-  return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 class PrivateRuntime:
   """A runtime JAX never sees: its own service, client, CPU device and all-reduce.
 
@@ -262,13 +260,13 @@ class PrivateRuntime:
     if client_id == 0:
       bind_host = service_socket.getsockname()[0] if service_socket else service_host
       self.service = f["get_distributed_runtime_service"](
-          _host_port(bind_host, service_port), num_clients,
+          format_host_port(bind_host, service_port), num_clients,
           heartbeat_timeout=never, cluster_register_timeout=max(
               1, int(connect_timeout)), shutdown_timeout=shutdown)
       if service_socket is not None:
         service_socket.close()
     self.client = f["get_distributed_runtime_client"](
-        _host_port(service_host, service_port), client_id,
+        format_host_port(service_host, service_port), client_id,
         init_timeout=max(1, int(connect_timeout)), heartbeat_timeout=never,
         shutdown_timeout=shutdown, shutdown_on_destruction=False)
     self.client.connect()

@@ -26,7 +26,6 @@ One node with ``--max-restarts`` runs the same attempts without the network.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import os
@@ -41,7 +40,8 @@ from typing import IO, Any
 
 from jdtensor import _env, _supervisor
 from jdtensor._deadline import Deadline
-from jdtensor._links import MAX_FRAME
+from jdtensor._rendezvous import (Frames, format_host_port, handshake_proof,
+                                  split_host_port)
 from jdtensor.errors import ConfigError
 
 __all__ = ["run", "NodeError"]
@@ -57,27 +57,11 @@ class NodeError(Exception):
   """The nodes could not form or keep the group (said to the user as is)."""
 
 
-def _proof(secret: str | None, *parts: str) -> str:
-  if not secret:
-    return ""
-  return hmac.new(secret.encode(), "|".join(parts).encode(),
-                  hashlib.sha256).hexdigest()
-
-
 def _client_secret(secret: str | None, nonce: str) -> str | None:
   """The clients' run secret for one attempt, derived on every node."""
   if not secret:
     return None
-  return _proof(secret, "jdtensor clients", nonce)
-
-
-def _entry(host: str, port: int) -> str:
-  return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _split(address: str) -> tuple[str, int]:
-  host, _, port = address.rpartition(":")
-  return host.strip("[]"), int(port)
+  return handshake_proof(secret, "jdtensor clients", nonce)
 
 
 class _FixedPorts:
@@ -104,7 +88,8 @@ class _Channel:
 
   def __init__(self, sock: socket.socket):
     self.sock = sock
-    self._buf = b""
+    self._frames = Frames()
+    self._ready: list[dict[str, Any]] = []
     self._send_lock = threading.Lock()
 
   def send(self, frame: dict[str, Any]) -> bool:
@@ -124,7 +109,7 @@ class _Channel:
       ValueError: Something that is not a frame.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    while b"\n" not in self._buf:
+    while not self._ready:
       remaining = None if deadline is None else deadline - time.monotonic()
       if remaining is not None and remaining <= 0:
         raise TimeoutError
@@ -137,14 +122,8 @@ class _Channel:
         return None
       if not chunk:
         return None
-      self._buf += chunk
-      if len(self._buf) > MAX_FRAME:
-        raise ValueError(f"more than {MAX_FRAME} bytes without a line end")
-    line, self._buf = self._buf.split(b"\n", 1)
-    frame = json.loads(line)
-    if not isinstance(frame, dict):
-      raise ValueError("a frame that is not a JSON object")
-    return frame
+      self._ready += self._frames.feed(chunk)
+    return self._ready.pop(0)
 
   def listen(self, rank: int, into: queue.Queue) -> None:
     """Reads frames on a daemon thread into `into` as (rank, frame); (rank,
@@ -193,7 +172,7 @@ def _disagreement(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
 def _serve(spec: _supervisor.LaunchSpec, deadline: Deadline, log: IO[str]
            ) -> dict[int, _Channel]:
   """Node 0: accepts and authenticates every other node, or raises."""
-  host, port = _split(spec.coordinator or "")
+  host, port = split_host_port(spec.coordinator or "")
   family = socket.AF_INET6 if ":" in host else socket.AF_INET
   server = socket.socket(family, socket.SOCK_STREAM)
   server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -265,16 +244,16 @@ def _authenticate_node(chan: _Channel, secret: str | None,
   if not isinstance(theirs, str) or not isinstance(hello, dict):
     raise NodeError("it does not speak the launchers' handshake")
   if not hmac.compare_digest(str(answer.get("proof", "")),
-                             _proof(secret, "node", nonce, theirs)):
+                             handshake_proof(secret, "node", nonce, theirs)):
     raise NodeError("wrong or missing JDTENSOR_RUN_SECRET")
-  chan.send({"proof": _proof(secret, "node 0", theirs, nonce)})
+  chan.send({"proof": handshake_proof(secret, "node 0", theirs, nonce)})
   return hello
 
 
 def _join(spec: _supervisor.LaunchSpec, deadline: Deadline) -> tuple[_Channel, str]:
   """Node R > 0: reaches node 0 and authenticates; (channel, this node's
   address as node 0 sees the connection come from)."""
-  host, port = _split(spec.coordinator or "")
+  host, port = split_host_port(spec.coordinator or "")
   while True:
     try:
       sock = socket.create_connection((host, port),
@@ -300,7 +279,7 @@ def _join(spec: _supervisor.LaunchSpec, deadline: Deadline) -> tuple[_Channel, s
       raise NodeError("node 0 and this node disagree on having a "
                       "JDTENSOR_RUN_SECRET; set the same one on every node.")
     nonce, mine = str(challenge.get("nonce")), os.urandom(32).hex()
-    chan.send({"nonce": mine, "proof": _proof(spec.secret, "node", nonce, mine),
+    chan.send({"nonce": mine, "proof": handshake_proof(spec.secret, "node", nonce, mine),
                "hello": _hello(spec)})
     reply = chan.recv(_STAGE_SECONDS)
     if reply is None:
@@ -308,7 +287,7 @@ def _join(spec: _supervisor.LaunchSpec, deadline: Deadline) -> tuple[_Channel, s
     if "error" in reply:
       raise NodeError(f"node 0 refused this node: {reply['error']}")
     if not hmac.compare_digest(str(reply.get("proof", "")),
-                               _proof(spec.secret, "node 0", mine, nonce)):
+                               handshake_proof(spec.secret, "node 0", mine, nonce)):
       raise NodeError(f"the launcher at {spec.coordinator} did not prove it "
                       "knows JDTENSOR_RUN_SECRET.")
     joined = chan.recv(_STAGE_SECONDS)
@@ -454,7 +433,7 @@ def run(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
   try:
     if spec.node_rank == 0:
       chans = _serve(spec, join, err)
-      address = spec.node_address or _split(spec.coordinator or "")[0]
+      address = spec.node_address or split_host_port(spec.coordinator or "")[0]
       return _run_node0(spec, out, err, env, signals, _Node0(spec, chans, address))
     chan, seen_as = _join(spec, join)
     return _run_node_r(spec, out, err, env, signals, _NodeR(chan),
@@ -509,7 +488,7 @@ def _run_node0(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
         for rank, (address, node_ports) in group.gather(
             "ports", Deadline(_ROUND_SECONDS)).items():
           ports[rank] = (str(address), [int(p) for p in node_ports])
-        jobs = [_entry(ports[r][0], p) for r in range(spec.nnodes)
+        jobs = [format_host_port(ports[r][0], p) for r in range(spec.nnodes)
                 for p in ports[r][1]]
         try:
           _env.parse_jobs(",".join(jobs))  # Distinct and well-formed.

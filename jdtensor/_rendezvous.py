@@ -59,7 +59,8 @@ from jdtensor.errors import StartupError, StartupTimeoutError
 
 __all__ = ["Hello", "Meeting", "split_host_port", "bind_address",
            "reserve_port", "rendezvous", "wait_for_service", "run_id",
-           "jobs_digest", "MAX_FRAME", "STAGE_SECONDS"]
+           "jobs_digest", "MAX_FRAME", "STAGE_SECONDS", "handshake_proof", "Frames",
+           "format_host_port"]
 
 _PROTOCOL = 2
 # The time a peer has for each stage of the handshake on client 0 (a
@@ -84,7 +85,9 @@ def jobs_digest(jobs: Sequence[str]) -> str:
   return hashlib.sha256(",".join(jobs).encode()).hexdigest()
 
 
-def _proof(secret: str | None, *parts: str) -> str:
+def handshake_proof(secret: str | None, *parts: str) -> str:
+  """HMAC-SHA256 of `parts` under `secret` ("" without one): every handshake's
+  proof (clients here, launchers in `jdtensor._nodes`)."""
   if not secret:
     return ""
   return hmac.new(secret.encode(), "|".join(parts).encode(), hashlib.sha256).hexdigest()
@@ -171,7 +174,8 @@ def bind_address(coordinator: str, host: str | None, port: int | None
   return host, default_port if port is None else port
 
 
-def _format_bind(host: str, port: int) -> str:
+def format_host_port(host: str, port: int) -> str:
+  """(host, port) -> ``'host:port'``, or ``'[v6]:port'``."""
   return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -199,7 +203,7 @@ def _listen(host: str, port: int, coordinator: str) -> socket.socket:
       why = f"cannot be bound ({e.strerror})"
     raise StartupError(
         f"Client 0 cannot start the coordinator for DTENSOR_JOBS[0]="
-        f"{coordinator!r}: {_format_bind(host, port)} {why}.") from None
+        f"{coordinator!r}: {format_host_port(host, port)} {why}.") from None
   sock.listen(128)
   sock.setblocking(False)
   return sock
@@ -220,7 +224,7 @@ def reserve_port(host: str) -> socket.socket:
   return sock
 
 
-class _Frames:
+class Frames:
   """Newline-ended JSON objects from a byte stream, at most `MAX_FRAME` each."""
 
   def __init__(self) -> None:
@@ -270,7 +274,7 @@ class _Conn:
   nonce: str
   deadline: float
   stage: str = "auth"  # auth -> hello -> done
-  frames: _Frames = field(default_factory=_Frames)
+  frames: Frames = field(default_factory=Frames)
   authenticated: bool = False
   hello: _PeerHello | None = None
 
@@ -313,7 +317,7 @@ class _Server:
     except OSError:
       return
     sock.setblocking(False)
-    peer = _format_bind(str(addr[0]), int(addr[1])) if isinstance(addr, tuple) else "?"
+    peer = format_host_port(str(addr[0]), int(addr[1])) if isinstance(addr, tuple) else "?"
     conn = _Conn(sock, peer, os.urandom(32).hex(),
                  time.monotonic() + STAGE_SECONDS)
     self.conns[sock] = conn
@@ -362,7 +366,7 @@ class _Server:
                    "runs share an address. Give each run its own DTENSOR_JOBS "
                    "ports and JDTENSOR_RUN_SECRET.")
       return
-    expected = _proof(self.secret, "client", conn.nonce, nonce, run)
+    expected = handshake_proof(self.secret, "client", conn.nonce, nonce, run)
     if not hmac.compare_digest(proof, expected):
       self._refuse(conn, "it did not prove it knows JDTENSOR_RUN_SECRET; "
                    "refused", told="authentication failed")
@@ -370,7 +374,7 @@ class _Server:
     conn.authenticated = bool(self.secret)
     conn.stage = "hello"
     conn.deadline = time.monotonic() + STAGE_SECONDS
-    if not _send(conn.sock, {"proof": _proof(self.secret, "server", nonce,
+    if not _send(conn.sock, {"proof": handshake_proof(self.secret, "server", nonce,
                                              conn.nonce)}):
       self._close(conn)
 
@@ -504,7 +508,7 @@ class _Refused(Exception):
   """Client 0 asked this client to try again (it was too slow)."""
 
 
-def _read_frame(sock: socket.socket, frames: _Frames, pending: list[dict[str, Any]],
+def _read_frame(sock: socket.socket, frames: Frames, pending: list[dict[str, Any]],
                 deadline: float) -> dict[str, Any] | None:
   """The next frame from client 0, or None on end of stream or deadline."""
   while not pending:
@@ -528,7 +532,7 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
                sock: socket.socket, deadline: float) -> int:
   """This client's side on one connection; the heartbeat port, or raises."""
   mine = run_id(secret)
-  frames, pending = _Frames(), []
+  frames, pending = Frames(), []
   where = f"DTENSOR_JOBS[0]={coordinator!r}"
 
   def frame() -> dict[str, Any]:
@@ -568,10 +572,10 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
   # A client 0 of another run refuses us by name in its answer (and logs it).
   my_nonce = os.urandom(32).hex()
   _send(sock, {"jdtensor": _PROTOCOL, "run": mine, "nonce": my_nonce,
-               "proof": _proof(secret, "client", nonce, my_nonce, mine)})
+               "proof": handshake_proof(secret, "client", nonce, my_nonce, mine)})
   reply = frame()
   if not hmac.compare_digest(str(reply.get("proof", "")),
-                             _proof(secret, "server", my_nonce, nonce)):
+                             handshake_proof(secret, "server", my_nonce, nonce)):
     raise StartupError(
         f"Client {me.client_id}: the process at {where} did not prove it knows "
         "JDTENSOR_RUN_SECRET; it is not this run's client 0.")

@@ -422,8 +422,7 @@ def _start_distributed(plan: StartupPlan) -> None:
       initialization_timeout=deadline.whole_seconds_left(),
       heartbeat_timeout_seconds=math.ceil(timeouts.coordination),
       shutdown_timeout_seconds=math.ceil(timeouts.shutdown),
-      coordinator_bind_address=(f"[{host}]:{port}" if ":" in host
-                                else f"{host}:{port}"))
+      coordinator_bind_address=_rendezvous.format_host_port(host, port))
   _state.gloo_host = _job_host_on_this_machine(env)
   _bind_collectives_to_job_address(_state.gloo_host, env.client_id)
   if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:
