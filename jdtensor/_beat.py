@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from jdtensor import _logging as logging
-from jdtensor._flight import AT_EXIT, RUNNING, WAITING
+from jdtensor._flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE, ConfigError, PeerFailureError
 
 __all__ = ["Heartbeat", "BeatLayout", "EXIT_CODE", "OWN_FAILURE_EXIT_CODE",
@@ -74,6 +74,7 @@ _TICK = 1.0
 # other clients' processes to end before its own exit (their JAX clients
 # abort the moment the service is gone).
 HOST_EXIT_WAIT = 5.0
+_NOT_JOINED = 8
 
 
 def exit_grace_for(period: float) -> float:
@@ -90,12 +91,14 @@ class BeatLayout:
     self.width = 4 * n + 1
 
   def row(self, client: int, token: int, stop: bool, phase: int, seconds: float,
-          busy: int) -> np.ndarray:
+          busy: int, joined: bool = True) -> np.ndarray:
     row = np.zeros(self.width, np.int32)
     n = self.n
     row[client] = token
     row[self.stop] = int(stop)
-    row[n + 1 + client] = phase
+    # The phase slot also says whether the client has joined a collective
+    # (8 is above every phase): a client still in set-up is never a staller.
+    row[n + 1 + client] = phase | (0 if joined else _NOT_JOINED)
     row[2 * n + 1 + client] = min(int(seconds), 2**31 - 1)
     row[3 * n + 1 + client] = max(0, min(int(busy), 10**6))
     return row
@@ -106,7 +109,13 @@ class BeatLayout:
   def states(self, merged: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(phase, seconds in it, busy percent) per client."""
     n = self.n
-    return merged[n + 1:2 * n + 1], merged[2 * n + 1:3 * n + 1], merged[3 * n + 1:]
+    return (merged[n + 1:2 * n + 1] & (_NOT_JOINED - 1), merged[2 * n + 1:3 * n + 1],
+            merged[3 * n + 1:])
+
+  def joined(self, merged: np.ndarray) -> np.ndarray:
+    """Per client: whether it has joined a collective yet (set-up is over)."""
+    n = self.n
+    return (merged[n + 1:2 * n + 1] & _NOT_JOINED) == 0
 
 
 class _WakingEvent(threading.Event):
@@ -124,8 +133,10 @@ class _WakingEvent(threading.Event):
 class _Idle:
   """The recorder when none is given: running, or at exit once finished."""
   at_exit = False
+  joined = True
 
-  def sample(self) -> tuple[int, float]:
+  def sample(self, busy: float = 0.0, idle_percent: float = 0.0
+             ) -> tuple[int, float]:
     return (AT_EXIT if self.at_exit else RUNNING), 0.0
 
   def where(self) -> str:
@@ -171,6 +182,8 @@ class Heartbeat:
     report: Tells the launcher whom this client blames (``JDTENSOR_REPORT_DIR``).
     on_failure: Receives the failure under policy raise.
     open_exchange: Run on the heartbeat thread before the first exchange.
+    joined_collective: Whether this client has joined a collective of the
+      user's yet (its set-up is over); default: always.
     close_exchange: Run after an agreed stop with a time-out (the teardown).
     close_timeout: That time-out, seconds.
     cpu_seconds: This process's CPU time (busy share of each beat).
@@ -193,6 +206,7 @@ class Heartbeat:
                report: Callable[[list[int], str], None] | None = None,
                on_failure: Callable[[PeerFailureError], None] | None = None,
                open_exchange: Callable[[], None] | None = None,
+               joined_collective: Callable[[], bool] | None = None,
                close_exchange: Callable[[float], bool] | None = None,
                close_timeout: float = 60.0,
                cpu_seconds: Callable[[], float] = time.process_time,
@@ -222,6 +236,8 @@ class Heartbeat:
     self._report = report or (lambda clients, why: None)
     self._on_failure = on_failure or (lambda error: None)
     self._open = open_exchange
+    self._joined_collective = joined_collective or (lambda: True)
+    self._has_joined = False
     self._close = close_exchange
     self._close_timeout = close_timeout
     self._cpu = cpu_seconds
@@ -243,6 +259,7 @@ class Heartbeat:
     self.leaving: set[int] = set()  # Clients that announced they are leaving.
     self.cluster: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     self._all_waiting_logged = False
+    self.cluster_joined: np.ndarray | None = None
     self._fail_lock = threading.Lock()
     self._beat_started: float | None = None
     self._beat_changed = threading.Condition()  # Wakes the watchdog.
@@ -350,12 +367,13 @@ class Heartbeat:
       if self._wake.wait(self.period):
         self._wake.clear()
       stop = self.event.is_set()
-      phase, seconds = self.recorder.sample()
       now, now_cpu = self._clock(), self._cpu()
       busy = 100.0 * (now_cpu - cpu) / max(now - wall, 1e-3)
       wall, cpu = now, now_cpu
+      phase, seconds = self.recorder.sample(busy, IDLE_PERCENT)
       merged = self._timed_exchange(self.layout.row(
-          self.client_id, self.token, stop, phase, seconds, int(busy)))
+          self.client_id, self.token, stop, phase, seconds, int(busy),
+          self._joined(phase, seconds)))
       if merged is None:
         break
       self.beats += 1
@@ -365,17 +383,31 @@ class Heartbeat:
         self._token_mismatch(tokens)
         break
       phases, secs, busy_all = self.cluster = self.layout.states(merged)
+      self.cluster_joined = self.layout.joined(merged)
       if merged[self.layout.stop] > 0 or np.all(phases == AT_EXIT):
         logging.info("Exiting the heartbeat thread normally")
         break
-      self._judge(phases, secs, busy_all)
+      self._judge(phases, secs, busy_all, self.cluster_joined)
+
+  def _joined(self, phase: int, seconds: float) -> bool:
+    """Whether this client has joined a collective (set-up is over); asked
+    of `joined_collective` only while it could be a staller, and never again
+    once true."""
+    if self._has_joined:
+      return True
+    if phase in (IN_JAX, WAITING) or (self.stall_timeout > 0 and phase == RUNNING
+                                      and seconds >= self.stall_timeout / 2):
+      self._has_joined = bool(self._joined_collective())
+    return self._has_joined
 
   # -- verdicts -----------------------------------------------------------------
 
-  def _judge(self, phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray
-             ) -> None:
+  def _judge(self, phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
+             joined: np.ndarray | None = None) -> None:
     """The same verdict on every client, from the same merged beat."""
     n = self.num_clients
+    if joined is None:
+      joined = np.ones(n, bool)
     blocked = [c for c in range(n) if phases[c] == WAITING and busy[c] < IDLE_PERCENT]
     gone = [c for c in range(n) if phases[c] == AT_EXIT
             and seconds[c] >= self.exit_grace]
@@ -389,10 +421,14 @@ class Heartbeat:
     limit = self.stall_timeout
     if limit <= 0:
       return
+    # A staller runs its own code, idle, for the whole time-out, after its
+    # set-up (a slow first step is not a stall); a busy client is slow, not
+    # stalled.
     running = [c for c in range(n) if phases[c] == RUNNING and seconds[c] >= limit]
+    idle = [c for c in running if busy[c] < IDLE_PERCENT and joined[c]]
     long_wait = [c for c in blocked if seconds[c] >= limit]
-    if len(running) == 1 and len(long_wait) == n - 1:
-      self._stalled(running[0], int(seconds[running[0]]), long_wait)
+    if len(running) == 1 and len(idle) == 1 and len(long_wait) == n - 1:
+      self._stalled(idle[0], int(seconds[idle[0]]), long_wait)
     elif len(long_wait) == n and not self._all_waiting_logged:
       self._all_waiting_logged = True
       text = (f"heartbeat: every client has waited in a collective for "
@@ -444,6 +480,22 @@ class Heartbeat:
     self._fail(f"heartbeat: {_names(wrong)} sent token {sent} instead of "
                f"{cluster_token} in beat {self.beats} (restarted or out of sync)",
                wrong)
+
+  def late_for_collective(self, waited: float) -> None:
+    """This client's collective gave up after `waited` s setting up with a
+    client that never joined it: names the clients still in their set-up
+    (never joined a collective), from the last beat, as the cause."""
+    joined = self.cluster_joined
+    if joined is None or self.cluster is None:
+      return
+    late = [c for c in range(self.num_clients) if not joined[c] and c != self.client_id]
+    if not late:
+      return
+    they = "they were" if len(late) > 1 else "it was"
+    self._fail(f"heartbeat: {_names(late)} did not join the collective the others "
+               f"waited in within JAX's {waited:.0f} s communicator set-up time "
+               f"(not configurable); {they} still in set-up, before {'their' if len(late) > 1 else 'its'} "
+               "first collective", late)
 
   # -- the watchdog -------------------------------------------------------------
 
@@ -615,6 +667,10 @@ class Heartbeat:
       thread = threading.Thread(target=target, daemon=True, name=name)
       thread.start()
       self._threads.append(thread)
+
+  def running(self) -> bool:
+    """Whether the heartbeat's thread is still alive."""
+    return any(t.is_alive() for t in self._threads[:1])
 
   def finish(self) -> None:
     """This client's script has ended normally: beat "at exit" until every

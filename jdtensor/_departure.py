@@ -46,11 +46,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Departure", "ExitGuard", "describe_exception", "lost_a_peer"]
+__all__ = ["Departure", "ExitGuard", "describe_exception", "lost_a_peer",
+           "never_joined"]
 
 # gloo's errors when the other end of one of its connections went away.
 _PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|"
                         r"Socket closed|\b(?:Read|Write) error\b")
+# XLA's error when a gloo communicator's set-up (a device group's first
+# collective) gave up waiting for a client that never arrived; jaxlib 0.10.2
+# waits 30 s and has no setting for it.
+_NEVER_JOINED = re.compile(r"Gloo context initialization failed: DEADLINE_EXCEEDED"
+                           r"(?:.*?duration: ([\d.]+)s)?", re.S)
 
 
 @dataclass(frozen=True)
@@ -66,12 +72,15 @@ class Departure:
       another client that went away (see `lost_a_peer`).
     consequence: This client leaves because of another client, which the
       heartbeat has already named to everyone (and to the launcher).
+    join_wait: Seconds a collective's set-up waited for another client that
+      never joined it (see `never_joined`); None otherwise.
   """
   code: int
   why: str
   failed: bool
   peer_lost: bool = False
   consequence: bool = False
+  join_wait: float | None = None
 
 
 def describe_exception(error: BaseException) -> str:
@@ -94,13 +103,24 @@ def lost_a_peer(error: BaseException) -> bool:
   return "gloo" in text.lower() and _PEER_LOST.search(text) is not None
 
 
+def never_joined(error: BaseException) -> float | None:
+  """Seconds a collective's set-up waited for a client that never joined it,
+  if `error` is that failure (a consequence of the late client); else None."""
+  match = _NEVER_JOINED.search(str(error))
+  if match is None:
+    return None
+  return float(match.group(1)) if match.group(1) else 30.0
+
+
 def _status_code(status: Any) -> int:
-  """The process exit code `sys.exit(status)` gives."""
+  """The process exit code `sys.exit(status)` gives, by Python's rules: None
+  is 0, an int (a bool too: ``sys.exit(False)``, as ``absltest.main()`` ends,
+  is 0) is itself modulo 256, anything else is printed and gives 1."""
   if status is None:
     return 0
-  if isinstance(status, int) and not isinstance(status, bool):
-    return status & 0xFF
-  return 1  # Python prints a non-int status and exits with 1.
+  if isinstance(status, int):
+    return int(status) & 0xFF
+  return 1
 
 
 class ExitGuard:
@@ -118,13 +138,25 @@ class ExitGuard:
     blame_peer: Called, before `on_leave`, with a failure flagged
       ``peer_lost``; returns the departure to leave with (a consequence when
       the other client that went away was named in time).
+    busy_threads: Returns the names of background threads (not jdtensor's)
+      still inside JAX at exit; when there are any, the process ends with
+      ``os._exit`` after the exit handlers (Python's finalisation would
+      abort it: such a thread returning from C++ finds the interpreter gone,
+      "FATAL: exception not rethrown").
   """
 
   def __init__(self, on_leave: Callable[[Departure], bool],
                detach_jax: Callable[[], None],
                on_thread_exception: Callable[[str], None] | None = None,
-               blame_peer: Callable[[Departure], Departure] | None = None):
+               blame_peer: Callable[[Departure], Departure] | None = None,
+               busy_threads: Callable[[], list[str]] | None = None):
     self._on_leave = on_leave
+    self._busy_threads = busy_threads or (lambda: [])
+    self._pid = os.getpid()
+    # Exit handlers registered after ours: Python has run them by the time
+    # ours runs, so `_exit_now` must not run them again.
+    self._registered_after: list[Callable[..., Any]] = []
+    self._real_unregister: Callable[..., Any] = atexit.unregister
     self._blame_peer = blame_peer
     self._detach_jax = detach_jax
     self._on_thread_exception = on_thread_exception
@@ -154,8 +186,27 @@ class ExitGuard:
     self._real_thread_hook = threading.excepthook
     threading.excepthook = self._thread_exception
     atexit.register(self.run)
+    real_register, real_unregister = atexit.register, atexit.unregister
+    self._real_unregister = real_unregister
+    after = self._registered_after
+
+    def register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+      after.append(func)
+      return real_register(func, *args, **kwargs)
+
+    def unregister(func: Callable[..., Any]) -> None:
+      after[:] = [f for f in after if f != func]
+      real_unregister(func)
+    register.__doc__, unregister.__doc__ = real_register.__doc__, real_unregister.__doc__
+    register.__wrapped__ = real_register  # type: ignore[attr-defined]
+    unregister.__wrapped__ = real_unregister  # type: ignore[attr-defined]
+    atexit.register, atexit.unregister = register, unregister
 
   def _thread_exception(self, args: Any) -> None:
+    if self.departure is not None or os.getpid() != self._pid:
+      # After the script's end Python ends background threads silently;
+      # one that dies of its peers' exit (a collective cut short) is not news.
+      return
     if self._real_thread_hook is not None:
       self._real_thread_hook(args)
     if self._on_thread_exception is not None and args.exc_value is not None:
@@ -168,8 +219,10 @@ class ExitGuard:
     error = getattr(sys, "last_value", None)
     if error is not None and not isinstance(error, SystemExit):
       code = 130 if isinstance(error, KeyboardInterrupt) else 1
+      join_wait = never_joined(error)
       return Departure(code, f"failed: {describe_exception(error)}", True,
-                       peer_lost=lost_a_peer(error))
+                       peer_lost=lost_a_peer(error) or join_wait is not None,
+                       join_wait=join_wait)
     if self.exit_called:
       code = _status_code(self.exit_status)
       return Departure(code, f"exited (code {code})", code != 0)
@@ -186,6 +239,11 @@ class ExitGuard:
     """
     if self.departure is not None:
       return
+    if os.getpid() != self._pid:
+      # A forked child never speaks for its parent: it only lets go of the
+      # parent's JAX runtime (whose shutdown would act as the parent).
+      self._detach_jax()
+      return
     self.departure = self.departure_now()
     clean = False
     try:
@@ -196,10 +254,15 @@ class ExitGuard:
       if not clean:
         self._detach_jax()
         self._exit_now(self.departure.code)
+      elif self._busy_threads():
+        self._exit_now(self.departure.code)
 
-  @staticmethod
-  def _exit_now(code: int) -> None:
+  def _exit_now(self, code: int) -> None:
+    """Runs the exit handlers Python has not run yet (each runs once), then
+    ends the process with `code`, skipping Python's finalisation."""
     try:
+      for func in [self.run, *self._registered_after]:
+        self._real_unregister(func)
       atexit._run_exitfuncs()  # pylint: disable=protected-access
     finally:
       for stream in (sys.stdout, sys.stderr):

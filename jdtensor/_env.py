@@ -745,14 +745,46 @@ def _seconds(name: str, raw: str, low: float, high: float, zero_ok: bool = False
   return value
 
 
+def _check_stuck_below_coordination(stuck: float, explicit: bool, period: float,
+                                    coordination: float, coordination_name: str | None,
+                                    env: Mapping[str, str]) -> None:
+  """A stopped (SIGSTOP) or frozen client is named by jdtensor after the
+  stuck time-out, and JAX's coordination service aborts every client from
+  C++ after the coordination time-out: the first must come first, or nobody
+  is ever named."""
+  if stuck < coordination:
+    return
+  name = coordination_name or _coordination_timeout_variable(env) or (
+      f"{JDTENSOR_COORDINATION_TIMEOUT} (default)")
+  what = (f"{JDTENSOR_STUCK_TIMEOUT}={env.get(JDTENSOR_STUCK_TIMEOUT)!r}" if explicit else
+          f"{JDTENSOR_STUCK_TIMEOUT} (default {stuck:g})")
+  raise ConfigError(
+      f"{what} must be shorter than {name}={coordination:g}: JAX aborts every "
+      f"client {coordination:g} s after one stops answering, before jdtensor can "
+      f"name it. Set {JDTENSOR_STUCK_TIMEOUT} below {coordination:g} (at least "
+      f"{2 * period:g}, two heartbeat periods) or the coordination time-out above "
+      f"{stuck:g}.")
+
+
 def read_heartbeat_settings(environ: Mapping[str, str] | None = None, *,
                             period: float | None = None,
-                            policy: str | None = None) -> HeartbeatSettings:
+                            policy: str | None = None,
+                            coordination: float | None = None,
+                            coordination_name: str | None = None) -> HeartbeatSettings:
   """The heartbeat's settings: explicit arguments win over the variables.
 
+  Args:
+    environ: The variables (default ``os.environ``).
+    period, policy: Arguments that win over their variables.
+    coordination: JAX's coordination time-out, when known: the stuck
+      time-out must be shorter (a frozen process stops JAX's heartbeat too,
+      and JAX then aborts every client first).
+    coordination_name: The argument that gave `coordination`, for messages.
+
   Raises:
-    ConfigError: For a value out of range or a stuck time-out shorter than
-      two periods; the message names the variable (or argument).
+    ConfigError: For a value out of range, a stuck time-out shorter than two
+      periods or not shorter than the coordination time-out; the message
+      names the variable (or argument).
   """
   env = _environ(environ)
   defaults = HeartbeatSettings()
@@ -774,6 +806,9 @@ def read_heartbeat_settings(environ: Mapping[str, str] | None = None, *,
   raw = env.get(JDTENSOR_STUCK_TIMEOUT)
   stuck = (max(defaults.stuck_timeout, 2 * period_value) if raw is None else
            _seconds(JDTENSOR_STUCK_TIMEOUT, raw, 1.0, _TIMEOUT_MAX))
+  if coordination is not None:
+    _check_stuck_below_coordination(stuck, raw is not None, period_value, coordination,
+                                    coordination_name, env)
   if stuck < 2 * period_value:
     raise ConfigError(
         f"{JDTENSOR_STUCK_TIMEOUT}={raw!r} must be at least twice the heartbeat "

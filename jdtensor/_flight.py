@@ -4,25 +4,43 @@ the heartbeat thread once a beat.
 Each beat carries every client's phase and how long it has been in it, so
 every client can tell the same story about a run that stopped moving:
 
-* `WAITING` -- the process holds a result of a computation that spans every
-  client and is not ready yet: it has issued a collective and waits for the
-  others to join it (or for it to finish);
-* `IN_JAX` -- no such result, but the main thread is inside JAX's own Python
-  code (tracing, compiling, transferring): busy, never a staller;
+* `WAITING` -- the main thread is inside JAX and idle: blocked on a result,
+  a dispatch or a collective (it may be waiting for the others to join);
+* `IN_JAX` -- inside JAX and busy (tracing, compiling, computing inline on
+  its own devices): never a staller;
 * `RUNNING` -- neither: the main thread runs (or is blocked in) the
-  program's own Python or C code: a data loader, a file system, a lock;
+  program's own Python or C code: a data loader, a file system, a lock.
+  The beat says whether the process was idle too (a staller is idle);
 * `AT_EXIT` -- the script has ended normally and the client waits for the
-  others to end too.
+  others to end too (`WAITING` instead while it still holds an unfinished
+  result that spans every client).
 
-Whether a computation spans every client is read from the arrays JAX holds
-(``jax.live_arrays()``: not ready, and placed on devices of every process),
-not from the main thread's stack: a blocking read of a result happens in C++
-with no JAX frame on the stack. The stack is used only to tell `IN_JAX`, and
-to say where a client is (``data.py:88 next_batch``).
+"Inside JAX" is read from the main thread's stack, however the wait happens:
+
+* a frame of JAX's (or orbax's) own Python code anywhere on the stack
+  (``np.asarray``/``float`` of a result, ``jax.device_get``,
+  ``multihost_utils``, an orbax save); or
+* the call the innermost frame is making is into JAX's C++ code with no
+  Python frame of its own: the fast path of a jitted function (which, with
+  one device per client, blocks inside the call until the collective is
+  done), a method of a JAX array (``y.block_until_ready()``), or any call
+  with a JAX array as an argument. The call is found from the frame's
+  current instruction and its source position (``co_positions``), parsed
+  once per call site, and its names looked up without running any code.
+
+"Idle" is the main thread's own CPU time over the beat (below
+`MAIN_IDLE_SHARE` of a core): a blocked wait uses none; a compile or an
+inline computation uses a whole core. When the stack says nothing, an
+unfinished result spanning every process (``jax.live_arrays()``) held by an
+idle main thread still reads as waiting.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import linecache
 import os
 import sys
 import threading
@@ -31,13 +49,19 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["RUNNING", "IN_JAX", "WAITING", "AT_EXIT", "PHASE_NAMES",
-           "MainThreadRecorder", "spans_every_process", "stack_top",
-           "format_stacks"]
+__all__ = ["RUNNING", "IN_JAX", "WAITING", "AT_EXIT", "MAIN_IDLE_SHARE",
+           "MainThreadRecorder", "spans_every_process", "calls_into_jax",
+           "inside_jax", "threads_inside_jax",
+           "stack_top", "format_stacks"]
 
 RUNNING, IN_JAX, WAITING, AT_EXIT = 1, 2, 3, 4
-PHASE_NAMES = {RUNNING: "running its own code", IN_JAX: "in JAX",
-               WAITING: "waiting in a collective", AT_EXIT: "at exit"}
+# The main thread counts as idle (blocked) below this share of one core.
+MAIN_IDLE_SHARE = 0.1
+# Packages whose code is "inside JAX" (a save in orbax waits like JAX does).
+_JAX_PACKAGES = ("jax", "jaxlib", "orbax.checkpoint")
+_JAX_MODULE_ROOTS = ("jax", "jaxlib", "orbax")
+_MISSING = object()
+_CALL_SITES_MAX = 4096
 
 
 def spans_every_process(arrays: Iterable[Any], num_processes: int) -> bool:
@@ -61,11 +85,136 @@ def spans_every_process(arrays: Iterable[Any], num_processes: int) -> bool:
 
 def _package_dirs() -> tuple[str, ...]:
   dirs = []
-  for name in ("jax", "jaxlib"):
+  for name in _JAX_PACKAGES:
     module = sys.modules.get(name)
-    if module is not None and getattr(module, "__file__", None):
-      dirs.append(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
+    for path in getattr(module, "__path__", None) or ():
+      dirs.append(os.path.abspath(path) + os.sep)
   return tuple(dirs)
+
+
+def _is_jax_object(obj: Any) -> bool:
+  """Whether `obj` is JAX's: a jitted or pmapped function, an array, one of
+  their C++ methods, or a function of JAX's modules."""
+  while isinstance(obj, functools.partial):
+    obj = obj.func
+  for owner in (type(obj), getattr(obj, "__objclass__", None),
+                getattr(obj, "__self__", None)):
+    module = getattr(owner, "__module__", None) if owner is not None else None
+    if isinstance(module, str) and module.split(".")[0] in _JAX_MODULE_ROOTS:
+      return True
+  module = getattr(obj, "__module__", None)
+  return isinstance(module, str) and module.split(".")[0] in _JAX_MODULE_ROOTS
+
+
+def _call_site(code: Any, lasti: int, globals_: dict[str, Any]) -> ast.Call | None:
+  """The call expression at instruction `lasti` of `code`, parsed from its
+  source position; None when there is no source or it is not a call."""
+  try:
+    positions = list(code.co_positions())
+    line, end_line, col, end_col = positions[lasti // 2]
+  except (AttributeError, IndexError, ValueError):
+    return None
+  if None in (line, end_line, col, end_col):
+    return None
+  lines = [linecache.getline(code.co_filename, n, globals_).encode()
+           for n in range(line, end_line + 1)]
+  if not all(lines):
+    return None
+  if len(lines) == 1:
+    text = lines[0][col:end_col]
+  else:
+    text = lines[0][col:] + b"".join(lines[1:-1]) + lines[-1][:end_col]
+  try:
+    node = ast.parse(text.decode(), mode="eval").body
+  except (SyntaxError, ValueError, UnicodeDecodeError):
+    return None
+  return node if isinstance(node, ast.Call) else None
+
+
+def _lookup(node: ast.expr, frame: Any) -> Any:
+  """The value of a name or attribute chain in `frame`, read without running
+  code (no properties, no ``__getattr__``); `_MISSING` otherwise."""
+  if isinstance(node, ast.Name):
+    scopes = (frame.f_locals, frame.f_globals, frame.f_builtins)
+    for scope in scopes:
+      value = scope.get(node.id, _MISSING)
+      if value is not _MISSING:
+        return value
+    return _MISSING
+  if isinstance(node, ast.Attribute):
+    owner = _lookup(node.value, frame)
+    if owner is _MISSING:
+      return _MISSING
+    try:
+      value = inspect.getattr_static(owner, node.attr, _MISSING)
+    except Exception:  # pylint: disable=broad-except
+      return _MISSING
+    return getattr(value, "__func__", value) if isinstance(
+        value, (staticmethod, classmethod)) else value
+  return _MISSING
+
+
+class _CallSites:
+  """The names and attribute chains of each call site's expression, by
+  (code, instruction): each source line is parsed once."""
+
+  def __init__(self) -> None:
+    self._parsed: dict[tuple[Any, int], tuple[ast.expr, ...] | None] = {}
+
+  def get(self, frame: Any) -> tuple[ast.expr, ...] | None:
+    key = (frame.f_code, frame.f_lasti)
+    if key not in self._parsed:
+      if len(self._parsed) >= _CALL_SITES_MAX:
+        self._parsed.clear()
+      call = _call_site(frame.f_code, frame.f_lasti, frame.f_globals)
+      self._parsed[key] = None if call is None else tuple(
+          node for node in ast.walk(call)
+          if isinstance(node, (ast.Name, ast.Attribute)))
+    return self._parsed[key]
+
+
+_SITES = _CallSites()
+
+
+def calls_into_jax(frame: Any, sites: _CallSites = _SITES) -> bool:
+  """Whether the call `frame` is making goes into JAX's C++ code directly:
+  some name in the call expression (the callee, the object whose method it
+  is, an argument, or part of one: ``np.asarray(f(x).addressable_data(0))``)
+  is JAX's."""
+  names = sites.get(frame)
+  for node in names or ():
+    value = _lookup(node, frame)
+    if value is not _MISSING and _is_jax_object(value):
+      return True
+  return False
+
+
+def inside_jax(frame: Any, jax_dirs: tuple[str, ...] | None = None,
+               sites: _CallSites = _SITES) -> bool:
+  """Whether a thread whose innermost frame is `frame` is inside JAX: a frame
+  of JAX's (or orbax's) code on its stack, or a call into JAX's C++ code."""
+  if frame is None:
+    return False
+  # Read each time: orbax may be imported after the heartbeat started.
+  dirs = (jax_dirs if jax_dirs is not None else _package_dirs()) or ("\0",)
+  innermost = frame
+  while frame is not None:
+    if frame.f_code.co_filename.startswith(dirs):
+      return True
+    frame = frame.f_back
+  try:
+    return calls_into_jax(innermost, sites)
+  except Exception:  # pylint: disable=broad-except
+    return False  # A frame we cannot read is the program's own code.
+
+
+def threads_inside_jax() -> list[str]:
+  """Names of the live background threads (not jdtensor's) inside JAX now."""
+  frames = sys._current_frames()  # pylint: disable=protected-access
+  main = threading.main_thread()
+  return [t.name for t in threading.enumerate()
+          if t is not main and not t.name.startswith("jdtensor") and t.is_alive()
+          and inside_jax(frames.get(t.ident))]
 
 
 def stack_top(frame: Any, depth: int = 3) -> str:
@@ -87,6 +236,16 @@ def format_stacks(frames: dict[int, Any] | None = None) -> str:
   return "\n".join(out)
 
 
+def _main_thread_cpu() -> Callable[[], float] | None:
+  """The main thread's own CPU seconds, where the platform has a clock for it."""
+  try:
+    clock = time.pthread_getcpuclockid(threading.main_thread().ident)  # type: ignore[arg-type]
+    time.clock_gettime(clock)
+  except (AttributeError, OSError, TypeError):
+    return None
+  return lambda: time.clock_gettime(clock)
+
+
 class MainThreadRecorder:
   """Samples the main thread's phase; tracks since when it has been in it.
 
@@ -94,44 +253,68 @@ class MainThreadRecorder:
     num_processes: Number of clients.
     live_arrays: Returns the arrays JAX holds (``jax.live_arrays``).
     main_frame: Returns the main thread's current frame (None if gone).
+    main_cpu: The main thread's CPU seconds (None: read its thread clock;
+      where there is none, the process's share decides idleness).
     clock: Monotonic seconds.
   """
 
   def __init__(self, num_processes: int,
                live_arrays: Callable[[], Iterable[Any]],
                main_frame: Callable[[], Any] | None = None,
+               main_cpu: Callable[[], float] | None = None,
                clock: Callable[[], float] = time.monotonic):
     self.num_processes = num_processes
     self._live_arrays = live_arrays
     self._main_frame = main_frame or _main_frame
+    self._main_cpu = main_cpu if main_cpu is not None else _main_thread_cpu()
     self._clock = clock
     self._jax_dirs: tuple[str, ...] | None = None
+    self._sites = _CallSites()
     self.at_exit = False  # Set by the exit hook once the script has ended.
     self.phase = RUNNING
+    self._state: tuple[int, bool] = (RUNNING, False)
     self.since = clock()
+    self._last = (self.since, self._main_cpu() if self._main_cpu else 0.0)
 
-  def _in_jax(self, frame: Any) -> bool:
-    if self._jax_dirs is None:
-      self._jax_dirs = _package_dirs()
-    while frame is not None:
-      if frame.f_code.co_filename.startswith(self._jax_dirs or ("\0",)):
-        return True
-      frame = frame.f_back
-    return False
+  def in_jax(self, frame: Any) -> bool:
+    """Whether the main thread (innermost `frame`) is inside JAX."""
+    return inside_jax(frame, self._jax_dirs, self._sites)
 
-  def sample(self) -> tuple[int, float]:
-    """(phase, seconds in it) now."""
-    if spans_every_process(self._live_arrays(), self.num_processes):
+  def _main_idle(self, now: float, process_idle: bool) -> bool:
+    if self._main_cpu is None:
+      return process_idle
+    cpu = self._main_cpu()
+    wall0, cpu0 = self._last
+    self._last = (now, cpu)
+    return cpu - cpu0 < MAIN_IDLE_SHARE * max(now - wall0, 1e-3)
+
+  def sample(self, busy: float = 0.0, idle_percent: float = 25.0
+             ) -> tuple[int, float]:
+    """(phase, seconds in it) now.
+
+    Args:
+      busy: The process's CPU use over the last beat, percent of one core.
+      idle_percent: Below this the process is idle; a change between idle
+        and busy while running restarts the phase's clock (a staller is
+        idle for the whole stall time-out).
+    """
+    now = self._clock()
+    process_idle = busy < idle_percent
+    main_idle = self._main_idle(now, process_idle)
+    frame = self._main_frame()
+    if self.at_exit:
+      phase = (WAITING if spans_every_process(self._live_arrays(), self.num_processes)
+               else AT_EXIT)
+    elif self.in_jax(frame):
+      phase = WAITING if main_idle else IN_JAX
+    elif main_idle and spans_every_process(self._live_arrays(), self.num_processes):
       phase = WAITING
-    elif self.at_exit:
-      phase = AT_EXIT
-    elif self._in_jax(self._main_frame()):
-      phase = IN_JAX
     else:
       phase = RUNNING
-    now = self._clock()
-    if phase != self.phase:
-      self.phase, self.since = phase, now
+    state = (phase, phase == RUNNING and process_idle)
+    if state != self._state:
+      self._state, self.since = state, now
+    self.phase = phase
     return phase, now - self.since
 
   def where(self) -> str:

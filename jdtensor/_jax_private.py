@@ -84,15 +84,11 @@ _HEARTBEAT_RUNTIME = {
         "jax._src.lib:_jax.get_distributed_runtime_service",
     "get_distributed_runtime_client":
         "jax._src.lib:_jax.get_distributed_runtime_client",
-    "make_gloo_tcp_collectives": "jax._src.lib:_jax.make_gloo_tcp_collectives",
-    "get_tfrt_cpu_client": "jax._src.lib:_jax.get_tfrt_cpu_client",
-    "CompileOptions": "jax._src.lib:_jax.CompileOptions",
-    "DeviceAssignment": "jax._src.lib:_jax.DeviceAssignment",
-    "DeviceList": "jax._src.lib:_jax.DeviceList",
-    "compile_and_load": "jax._src.lib:_jax.Client.compile_and_load",
-    "execute_sharded": "jax._src.lib:_jax.LoadedExecutable.execute_sharded",
-    "batched_device_put": "jax._src.lib:_jax.batched_device_put",
-    "ShapedArray": "jax._src.core:ShapedArray",
+    "key_value_set_bytes":
+        "jax._src.lib:_jax.DistributedRuntimeClient.key_value_set_bytes",
+    "key_value_dir_get_bytes":
+        "jax._src.lib:_jax.DistributedRuntimeClient.key_value_dir_get_bytes",
+    "wait_at_barrier": "jax._src.lib:_jax.DistributedRuntimeClient.wait_at_barrier",
 }
 
 _FOUND = {name: _resolve(path)
@@ -201,28 +197,47 @@ def detach_from_jax_shutdown() -> None:
 # -- the heartbeat's private runtime ---------------------------------------------------
 
 
-def _all_reduce_module(num_processes: int, width: int) -> str:
-  """StableHLO: an int32[width] sum across `num_processes` replicas."""
-  group = ", ".join(str(i) for i in range(num_processes))
-  return f"""
-module @jdtensor_heartbeat attributes {{mhlo.num_replicas = {num_processes} : i32, mhlo.num_partitions = 1 : i32}} {{
-  func.func public @main(%arg0: tensor<{width}xi32>) -> tensor<{width}xi32> {{
-    %0 = "stablehlo.all_reduce"(%arg0) <{{replica_groups = dense<[[{group}]]> : tensor<1x{num_processes}xi64>}}> ({{
-    ^bb0(%a: tensor<i32>, %b: tensor<i32>):
-      %s = stablehlo.add %a, %b : tensor<i32>
-      stablehlo.return %s : tensor<i32>
-    }}) : (tensor<{width}xi32>) -> tensor<{width}xi32>
-    return %0 : tensor<{width}xi32>
-  }}
-}}
-"""
+# The user's CPU backend keys each gloo communicator it sets up in the
+# user's coordination service as "cpu:gloo/<global device ids>/<rank>"
+# (XLA's gloo collectives under the CPU client's "cpu:" prefix). jdtensor
+# reads it to tell whether a client has joined a collective yet.
+GLOO_KEY_PREFIX = "cpu:gloo/"
+
+
+def joined_gloo_collective(local_device_ids: set[int]) -> bool | None:
+  """Whether one of `local_device_ids` has joined a gloo communicator of the
+  user's CPU backend (a collective has started here); None when that cannot
+  be read (no coordination client, or the keys are not there in this form)."""
+  client = coordination_client()
+  if client is None:
+    return None
+  try:
+    entries = client.key_value_dir_get_bytes(GLOO_KEY_PREFIX)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  for key, _ in entries:
+    devices, _, rank = key[len(GLOO_KEY_PREFIX):].rpartition("/")
+    try:
+      ids = [int(d) for d in devices.split(",")]
+      if ids[int(rank)] in local_device_ids:
+        return True
+    except (ValueError, IndexError):
+      continue
+  return False
 
 
 class PrivateRuntime:
-  """A runtime JAX never sees: its own service, client, CPU device and all-reduce.
+  """A runtime JAX never sees: its own coordination service and client.
 
-  Every client builds one, collectively (the distributed client's connect and
-  the CPU client's topology exchange wait for every process).
+  A beat sums one int32 row per client through that service: each client
+  writes its row under the beat's key, waits at the beat's barrier, and reads
+  every row back, so every client gets the same sum (an all-reduce). No XLA
+  program runs: nothing a JAX check of threads or devices can see
+  (``jax.thread_guard`` forbids multi-process XLA programs off its thread),
+  and nothing to compile at start-up.
+
+  Every client builds one, collectively (the client's connect waits for
+  every process).
 
   Args:
     client_id: This process's id.
@@ -231,7 +246,6 @@ class PrivateRuntime:
     service_port: The service's port (client 0 reserved it during the
       start-up handshake and told every client; see
       `jdtensor._rendezvous.reserve_port`).
-    gloo_host: Host gloo listens on (None: JAX's default, the hostname).
     width: Length of the int32 vector each exchange sums.
     connect_timeout: Seconds to wait for every process to connect. When it
       expires, jaxlib aborts the process: pass a bound only the caller's own
@@ -241,9 +255,12 @@ class PrivateRuntime:
     shutdown_timeout: Seconds the teardown's shutdown barrier may wait.
   """
 
+  # A beat's barrier waits this long at most; jdtensor's watchdog names a
+  # client that does not join long before (JAX would abort on expiry).
+  _BEAT_WAIT_MS = 24 * 3600 * 1000
+
   def __init__(self, client_id: int, num_clients: int, service_host: str,
-               service_port: int, gloo_host: str | None, width: int,
-               connect_timeout: float,
+               service_port: int, width: int, connect_timeout: float,
                service_socket: socket.socket | None = None,
                shutdown_timeout: float = 60.0):
     _need(_HEARTBEAT_RUNTIME, "The heartbeat's private runtime")
@@ -251,6 +268,7 @@ class PrivateRuntime:
     self.client_id, self.num_clients, self.width = client_id, num_clients, width
     self._lock = threading.Lock()
     self._closed = False
+    self._beat = 0
     self.service = None
     # The service's own liveness checks are switched off (a day): their
     # failure path aborts the process from C++ (a Python callback crashes in
@@ -270,44 +288,31 @@ class PrivateRuntime:
         init_timeout=max(1, int(connect_timeout)), heartbeat_timeout=never,
         shutdown_timeout=shutdown, shutdown_on_destruction=False)
     self.client.connect()
-    self._collectives = (f["make_gloo_tcp_collectives"](
-        distributed_client=self.client, hostname=gloo_host)
-        if gloo_host else f["make_gloo_tcp_collectives"](
-            distributed_client=self.client))
-    self._cpu = f["get_tfrt_cpu_client"](
-        asynchronous=True, distributed_client=self.client, node_id=client_id,
-        num_nodes=num_clients, collectives=self._collectives, num_devices=1)
-    devices = sorted(self._cpu.devices(), key=lambda d: (d.process_index, d.id))
-    if [d.process_index for d in devices] != list(range(num_clients)):
-      raise RuntimeError(
-          "The heartbeat's private runtime has an unexpected device set: "
-          f"{devices}; expected one CPU device per client.")
-    options = f["CompileOptions"]()
-    options.num_replicas = num_clients
-    options.num_partitions = 1
-    options.device_assignment = f["DeviceAssignment"].create(
-        np.array([[d.id] for d in devices], dtype=np.int32))
-    self._executable = f["compile_and_load"](
-        self._cpu, _all_reduce_module(num_clients, width),
-        f["DeviceList"](tuple(devices)), options)
-    self._device = self._cpu.local_devices()[0]
-    self._aval = f["ShapedArray"]((width,), np.int32)
-    self._sharding = jax.sharding.SingleDeviceSharding(self._device)
 
   def all_reduce(self, row: np.ndarray) -> np.ndarray:
     """Sums `row` (int32[width]) across every client; blocks until done."""
-    local = _FOUND["batched_device_put"](
-        self._aval, self._sharding, [np.ascontiguousarray(row, np.int32)],
-        [self._device], True)
-    results = _FOUND["execute_sharded"](self._executable, [local])
-    return np.asarray(results.disassemble_into_single_device_arrays()[0][0])
+    beat = self._beat
+    self._beat += 1
+    prefix = f"jdtensor/beat/{beat}/"
+    values = np.ascontiguousarray(row, np.int32)
+    self.client.key_value_set_bytes(f"{prefix}{self.client_id}", values.tobytes())
+    self.client.wait_at_barrier(f"jdtensor/beat/{beat}", self._BEAT_WAIT_MS)
+    entries = self.client.key_value_dir_get_bytes(prefix)
+    if len(entries) != self.num_clients:
+      raise RuntimeError(f"beat {beat}: {len(entries)} rows for "
+                         f"{self.num_clients} clients")
+    total = np.zeros(self.width, np.int64)
+    for _, value in entries:
+      total += np.frombuffer(value, np.int32)
+    if beat > 0:  # Every client has read the last beat's rows: it passed this barrier.
+      self.client.key_value_delete(f"jdtensor/beat/{beat - 1}/{self.client_id}")
+    return total.astype(np.int32)
 
   def close(self, barrier_timeout: float) -> bool:
     """Collective teardown after an agreed stop; True if every step ran.
 
-    Order matters: a barrier (nobody closes gloo sockets while a peer still
-    reads), drop the executable and CPU client, then the distributed client
-    (itself a barrier), then the service.
+    A barrier first (nobody disconnects while a peer still reads), then the
+    client's shutdown (itself a barrier), then the service.
     """
     with self._lock:
       if self._closed:
@@ -318,8 +323,6 @@ class PrivateRuntime:
                                   max(1, int(barrier_timeout * 1000)))
     except Exception:  # pylint: disable=broad-except
       return False  # A peer is gone: leave the rest to process exit.
-    del self._executable, self._cpu, self._collectives, self._sharding
-    del self._device
     try:
       self.client.shutdown()
       if self.service is not None:

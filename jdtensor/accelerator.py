@@ -180,7 +180,9 @@ def _initialize(device_type: str | None = None,
   set-up, then installs the exit guard and the heartbeat (multi-client)."""
   # Read the heartbeat settings first: a bad value must fail before the
   # cluster forms, not after; every client must have the same.
-  settings = _env.read_heartbeat_settings()
+  settings = _env.read_heartbeat_settings(
+      coordination=_env.read_timeouts(coordination=coordination_timeout).coordination,
+      coordination_name="coordination_timeout" if coordination_timeout is not None else None)
   plan = _plan(device_type, num_logical_cpu_devices, experimental_reset_context,
                cluster, init_timeout, coordination_timeout, shutdown_timeout,
                coordinator_bind_address, cluster_detection, settings.handshake())

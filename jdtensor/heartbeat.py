@@ -54,9 +54,10 @@ from jdtensor import _logging as logging
 
 from jdtensor import _env, runtime
 from jdtensor._beat import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, OWN_FAILURE_EXIT_CODE,
-                            HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE, Heartbeat)
+                            HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE, BeatLayout,
+                            Heartbeat)
 from jdtensor._departure import Departure, ExitGuard
-from jdtensor._flight import MainThreadRecorder, format_stacks
+from jdtensor._flight import AT_EXIT, MainThreadRecorder, format_stacks, threads_inside_jax
 from jdtensor.errors import NotInitializedError
 
 __all__ = ["start", "current", "Heartbeat", "PrivateExchange", "read_period",
@@ -82,7 +83,7 @@ def read_policy(environ: Mapping[str, str] | None = None) -> str:
 
 
 class PrivateExchange:
-  """The production exchange: an all-reduce on the private runtime.
+  """The production exchange: a sum of rows on the private runtime.
 
   `open` (on the heartbeat thread) starts the runtime. A beat costs one
   all-reduce and nothing else; only an overdue beat holds a roll call in the
@@ -94,16 +95,13 @@ class PrivateExchange:
     client_id, num_clients: This client and the cluster size.
     width: Length of the summed vector.
     service: (host, port, reserved socket) from `runtime.heartbeat_service`.
-    gloo_host: Host gloo listens on, or None.
     shutdown_timeout: Seconds the collective teardown may wait.
   """
 
   def __init__(self, client_id: int, num_clients: int, width: int,
-               service: tuple[str, int, Any], gloo_host: str | None,
-               shutdown_timeout: float):
+               service: tuple[str, int, Any], shutdown_timeout: float):
     self.client_id, self.num_clients, self.width = client_id, num_clients, width
     self._service = service
-    self._gloo_host = gloo_host
     self._shutdown_timeout = shutdown_timeout
     self.runtime: Any = None
 
@@ -113,8 +111,7 @@ class PrivateExchange:
     # No time-out of its own: jdtensor's watchdog bounds the first exchange,
     # and the private runtime's time-outs abort the process from C++.
     self.runtime = _jax_private.PrivateRuntime(
-        self.client_id, self.num_clients, host, port, self._gloo_host,
-        self.width, connect_timeout=24 * 3600, service_socket=reserved,
+        self.client_id, self.num_clients, host, port, self.width, connect_timeout=24 * 3600, service_socket=reserved,
         shutdown_timeout=self._shutdown_timeout)
 
   def __call__(self, row: np.ndarray) -> np.ndarray:
@@ -231,6 +228,19 @@ def _live_arrays() -> Any:
   return jax.live_arrays()
 
 
+def _joined_collective() -> bool:
+  """Whether this client has joined a collective of the user's yet (its
+  set-up is over). On CPU, read from the gloo communicators the user's
+  backend has set up; elsewhere (or unreadable), assumed."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
+  devices = jax.local_devices()
+  if not devices or devices[0].platform != "cpu":
+    return True
+  joined = _jax_private.joined_gloo_collective({d.id for d in devices})
+  return True if joined is None else joined
+
+
 def start(period: float, policy: str | None = None) -> threading.Event:
   """Starts the heartbeat (DTensor's ``heartbeat.start``).
 
@@ -260,9 +270,11 @@ def start(period: float, policy: str | None = None) -> threading.Event:
           "The heartbeat already ran in this process and has stopped; it "
           "cannot be started again (its private runtime is torn down). Start "
           "it once per run.")
-    settings = _env.read_heartbeat_settings(period=period, policy=policy)
-    service = runtime.heartbeat_service()
     state = runtime.state()
+    settings = _env.read_heartbeat_settings(
+        period=period, policy=policy,
+        coordination=state.timeouts.coordination if state.timeouts else None)
+    service = runtime.heartbeat_service()
     env = state.env
     if env is None:
       raise RuntimeError("jdtensor runtime state lost its cluster.")
@@ -287,12 +299,13 @@ def start(period: float, policy: str | None = None) -> threading.Event:
       heartbeat = Heartbeat(settings.period, settings.policy, None,
                             env.client_id, n, **common)
     else:
-      exchange = PrivateExchange(env.client_id, n, 4 * n + 1, service,
-                                 state.gloo_host, state.timeouts.shutdown)
+      exchange = PrivateExchange(env.client_id, n, BeatLayout(n).width, service,
+                                 state.timeouts.shutdown)
       heartbeat = Heartbeat(settings.period, settings.policy, exchange,
                             env.client_id, n, roll_call=exchange.roll_call,
                             share=exchange.share, fetch=exchange.fetch,
                             open_exchange=exchange.open,
+                            joined_collective=_joined_collective,
                             close_exchange=exchange.close,
                             close_timeout=state.timeouts.shutdown, **common)
     # The private runtime starts and the first exchange runs on the heartbeat
@@ -318,6 +331,10 @@ def blame_peer(departure: Departure) -> Departure:
   if hb is None or hb.exiting is not None:
     return departure
   me = runtime.state().env.client_id if runtime.state().env is not None else -1
+  if departure.join_wait is not None:
+    # Nobody else can name a client that never reached the collective: it is
+    # alive and beating. Every waiter names it from the same beats.
+    hb.late_for_collective(departure.join_wait)
   hb.stopped.wait(min(2 * hb.period + ROLL_CALL_GRACE, HOST_EXIT_WAIT))
   failure = hb.failure
   culprits = [] if failure is None else [c for c in failure.client_ids if c != me]
@@ -386,17 +403,18 @@ def _leave(departure: Departure) -> bool:
   if hb.failure is not None or hb.stopped.is_set():
     return hb.failure is None and hb.closed_cleanly is not False
   hb.finish()
-  limit = state.timeouts.shutdown + hb.period + ROLL_CALL_GRACE
-  if not hb.stopped.wait(limit):
-    waiting = ""
-    if hb.cluster is not None:
-      from jdtensor._flight import AT_EXIT  # pylint: disable=g-import-not-at-top
-      others = [c for c, p in enumerate(hb.cluster[0]) if p != AT_EXIT]
-      waiting = f" (clients {', '.join(map(str, others))} had not)"
-    logging.warning("jdtensor: client %d ended its script, but not every client "
-                    "ended within the shutdown time-out (%g s)%s; leaving without "
-                    "JAX's shutdown barrier.", me, state.timeouts.shutdown, waiting)
-    return False
+  # Late is not dead: a client that finishes long after the others (a final
+  # save) is waited for as long as it is alive and beating; the heartbeat
+  # itself ends the wait (the agreed end, or a verdict on the late client).
+  if not hb.stopped.wait(state.timeouts.shutdown):
+    others = ([c for c, p in enumerate(hb.cluster[0]) if p != AT_EXIT]
+              if hb.cluster is not None else [])
+    logging.warning("jdtensor: client %d ended its script; waiting for client%s %s, "
+                    "still running and beating, to end theirs.", me,
+                    "s" if len(others) != 1 else "", ", ".join(map(str, others)) or "?")
+    while not hb.stopped.wait(hb.period):
+      if not hb.running():
+        return False
   return hb.failure is None and hb.closed_cleanly is not False
 
 
@@ -417,7 +435,7 @@ def install_exit_guard() -> None:
       if links is not None:
         links.notice(text)
     _guard = ExitGuard(leave, _jax_private.detach_from_jax_shutdown, thread_died,
-                       blame_peer)
+                       blame_peer, threads_inside_jax)
     _guard.install()
     _install_stack_dump_signal()
 

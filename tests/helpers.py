@@ -69,7 +69,9 @@ def client_for(scenario: str) -> str:
         return path
   raise ValueError(f"no client defines scenario {scenario!r}")
 # Short runtime time-outs for tests (JAX's own harness uses 10/5/15 s).
+# The stuck time-out must be shorter than JAX's coordination time-out.
 TEST_TIMEOUTS = {"JDTENSOR_INIT_TIMEOUT": "30", "JDTENSOR_COORDINATION_TIMEOUT": "10",
+                 "JDTENSOR_STUCK_TIMEOUT": "8",
                  "JDTENSOR_SHUTDOWN_TIMEOUT": "15", "JDTENSOR_HEARTBEAT_PERIOD": "0.2"}
 
 

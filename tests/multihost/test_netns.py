@@ -102,7 +102,7 @@ def _cluster(hosts: Hosts, per_host: int, **extra: str):
   envs = [clean_env(DTENSOR_JOBS=",".join(jobs), DTENSOR_CLIENT_ID=str(c),
                     JAX_NUM_CPU_DEVICES="1", JDTENSOR_INIT_TIMEOUT="60",
                     JDTENSOR_SHUTDOWN_TIMEOUT="15", JDTENSOR_COORDINATION_TIMEOUT="15",
-                    **extra)
+                    **{"JDTENSOR_STUCK_TIMEOUT": "10", **extra})
           for c in range(len(jobs))]
   prefixes = [hosts.exec_prefix(c // per_host) for c in range(len(jobs))]
   return envs, prefixes

@@ -169,7 +169,11 @@ def test_a_stall_is_named_on_every_client_with_its_stack():
 
 
 def test_a_20s_gil_hold_is_left_alone():
-  res, out, err, ended, stamps = run("gil", timeout=120, GIL_SECONDS="20")
+  # JAX's own heartbeat runs in C++ through a GIL hold; jdtensor's stuck
+  # time-out (60 s, below the coordination time-out) leaves it alone.
+  res, out, err, ended, stamps = run("gil", timeout=120, GIL_SECONDS="20",
+                                     JDTENSOR_COORDINATION_TIMEOUT="100",
+                                     JDTENSOR_STUCK_TIMEOUT="60")
   assert stamps and res.exit_code == 0, (res.reason, err)
   assert res.returncodes == [0, 0, 0]
   assert out.count("DONE") == 3
@@ -204,12 +208,12 @@ def test_a_stopped_client_is_the_root_cause_everywhere():
 
 def test_a_period_mismatch_is_a_startup_error_naming_both_values():
   command = ["sh", "-c", 'if [ "$DTENSOR_CLIENT_ID" = 1 ]; then '
-             'export JDTENSOR_HEARTBEAT_PERIOD=30; fi; exec "$0" "$1"',
+             'export JDTENSOR_HEARTBEAT_PERIOD=4; fi; exec "$0" "$1"',
              sys.executable, CLIENT]
   res, out, err, _ = launch_clients(command, 3, 2, timeout=60,
                                     JDTENSOR_HEARTBEAT_PERIOD="0.5")
   assert res.exit_code != 0
-  message = ("Client 1 has JDTENSOR_HEARTBEAT_PERIOD=30.0 but client 0 has 0.5; "
+  message = ("Client 1 has JDTENSOR_HEARTBEAT_PERIOD=4.0 but client 0 has 0.5; "
              "set JDTENSOR_HEARTBEAT_PERIOD the same on every client.")
   assert f"StartupError: {message}" in err, err
   assert (f"StartupError: Client 1: start-up refused by client 0: {message}" in err

@@ -95,8 +95,8 @@ def test_orbax_checkpoint_manager_beside_the_heartbeat(tmp_path):
 HIDE_SYMBOL = """
 import runpy, sys
 import jax._src.lib
-del jax._src.lib._jax.DeviceAssignment  # A jaxlib without this symbol (JAX
-                                        # itself reads it through xla_client).
+# A jaxlib without this symbol (JAX itself does not use it here).
+del jax._src.lib._jax.DistributedRuntimeClient.key_value_dir_get_bytes
 sys.argv = sys.argv[2:]  # Drop this wrapper and the interpreter's path.
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -124,7 +124,8 @@ def test_jaxlib_without_the_private_symbols_degrades_as_documented(tmp_path):
     assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
     assert ended[c] < 5, ended
     assert live.err[c].count("heartbeat: The heartbeat's private runtime needs "
-                             "jax._src.lib:_jax.DeviceAssignment, which jax "
+                             "jax._src.lib:_jax.DistributedRuntimeClient.key_value_dir_get_bytes, "
+                             "which jax "
                              f"0.10.2 / jaxlib {jaxlib.__version__} does not "
                              "have") == 1, live.err[c]
     assert "runs on the liveness links only" in live.err[c]

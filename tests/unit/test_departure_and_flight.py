@@ -110,19 +110,33 @@ def test_spans_every_process():
   assert not _flight.spans_every_process([], 3)
 
 
+def recorder(arrays=(), frame=None, main_cpu=None, jax_dirs=("/site/jax/",)):
+  """A recorder over fakes: `now[0]` is the clock, `cpu[0]` the main thread's
+  CPU seconds."""
+  now, cpu = [10.0], [0.0]
+  rec = _flight.MainThreadRecorder(2, lambda: arrays, lambda: frame[0] if frame else None,
+                                   main_cpu=lambda: cpu[0], clock=lambda: now[0])
+  rec._jax_dirs = jax_dirs
+  return rec, now, cpu
+
+
 def test_recorder_phases_and_time_in_them():
-  now = [10.0]
   arrays = []
-  frames = [None]
-  rec = _flight.MainThreadRecorder(2, lambda: arrays, lambda: frames[0],
-                                   clock=lambda: now[0])
-  assert rec.sample() == (_flight.RUNNING, 0.0)
+  rec, now, cpu = recorder(arrays)
+  assert rec.sample(busy=90) == (_flight.RUNNING, 0.0)
   now[0] = 15.0
-  assert rec.sample() == (_flight.RUNNING, 5.0)
-  arrays.append(FakeArray(False, [0, 1]))
-  assert rec.sample() == (_flight.WAITING, 0.0)
-  now[0] = 18.0
-  assert rec.sample() == (_flight.WAITING, 3.0)
+  assert rec.sample(busy=90) == (_flight.RUNNING, 5.0)
+  now[0] = 16.0  # Still its own code, now idle: the idle clock starts.
+  assert rec.sample(busy=1) == (_flight.RUNNING, 0.0)
+  now[0] = 19.0
+  assert rec.sample(busy=1) == (_flight.RUNNING, 3.0)
+  arrays.append(FakeArray(False, [0, 1]))  # Idle, holding an unfinished global result.
+  assert rec.sample(busy=1) == (_flight.WAITING, 0.0)
+  now[0] = 22.0
+  assert rec.sample(busy=1) == (_flight.WAITING, 3.0)
+  cpu[0] += 3.0  # The main thread computes: not waiting, whatever it holds.
+  now[0] = 25.0
+  assert rec.sample(busy=100)[0] == _flight.RUNNING
   arrays.clear()
   rec.at_exit = True
   assert rec.sample() == (_flight.AT_EXIT, 0.0)
@@ -130,19 +144,97 @@ def test_recorder_phases_and_time_in_them():
   assert rec.sample()[0] == _flight.WAITING
 
 
-def test_recorder_sees_the_main_thread_inside_jax():
-  import os
-  jax_dir = os.path.join(os.sep, "site", "jax") + os.sep
+def fake_frame(filename, back=None):
+  return types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename=filename),
+                               f_back=back, f_lasti=0)
 
-  def frame(filename, back=None):
-    return types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename=filename),
-                                 f_back=back)
-  inside = frame("/work/train.py", frame(jax_dir + "_src/compiler.py"))
-  rec = _flight.MainThreadRecorder(2, lambda: [], lambda: inside)
-  rec._jax_dirs = (jax_dir,)
-  assert rec.sample()[0] == _flight.IN_JAX
-  rec._main_frame = lambda: frame("/work/data.py")
-  assert rec.sample()[0] == _flight.RUNNING
+
+def test_recorder_inside_jax_is_waiting_when_idle_and_busy_when_not():
+  frame = [fake_frame("/work/train.py", fake_frame("/site/jax/_src/compiler.py"))]
+  rec, now, cpu = recorder(frame=frame)
+  now[0], cpu[0] = 11.0, 0.9  # Compiling: the main thread uses a core.
+  assert rec.sample(busy=95)[0] == _flight.IN_JAX
+  now[0] = 12.0  # Blocked inside JAX (a result, a collective): idle.
+  assert rec.sample(busy=2)[0] == _flight.WAITING
+  frame[0] = fake_frame("/work/data.py")
+  now[0] = 13.0
+  assert rec.sample(busy=2)[0] == _flight.RUNNING
+
+
+class PjitFunction:
+  """Looks like a jitted function: JAX's C++ type, called without a Python frame."""
+  __module__ = "jaxlib._jax"
+  __call__ = staticmethod(_flight.time.sleep)
+
+
+class ArrayImpl:
+  __module__ = "jaxlib._jax"
+  block_until_ready = staticmethod(_flight.time.sleep)
+
+
+psum = PjitFunction()
+result = ArrayImpl()
+
+
+def frame_of(target):
+  """`target`'s innermost frame while it blocks in a C call (on a thread)."""
+  started = threading.Event()
+
+  def run():
+    started.set()
+    target()
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+  started.wait(5)
+  _flight.time.sleep(0.1)
+  frame = sys._current_frames()[thread.ident]
+  return frame, thread
+
+
+def in_jitted_call():
+  y = psum(0.4)  # noqa: F841  The fast path: no Python frame of JAX's.
+
+
+def in_array_method():
+  result.block_until_ready(0.4)
+
+
+def in_call_of_a_jax_temporary():
+  # As in float(np.asarray(f(x).addressable_data(0))): JAX's object is part
+  # of an argument, not a name of its own.
+  _flight.time.sleep(min(0.4, len(psum.__module__)))
+
+
+def in_own_sleep():
+  _flight.time.sleep(0.4)
+
+
+def in_partial_of_jitted():
+  import functools
+  step = functools.partial(psum)
+  step(0.4)
+
+
+@pytest.mark.parametrize("target, inside", [
+    (in_jitted_call, True), (in_array_method, True), (in_partial_of_jitted, True),
+    (in_call_of_a_jax_temporary, True), (in_own_sleep, False)],
+    ids=["jitted-fast-path", "array-method", "partial", "temporary", "own-sleep"])
+def test_a_call_into_jax_s_cpp_code_is_seen_from_the_call_site(target, inside):
+  frame, thread = frame_of(target)
+  try:
+    assert _flight.calls_into_jax(frame) is inside
+  finally:
+    thread.join(5)
+
+
+def test_a_frame_without_source_is_the_program_s_own_code():
+  namespace = {"psum": psum}
+  exec(compile("def f():\n  psum(0.4)\n", "<no source>", "exec"), namespace)
+  frame, thread = frame_of(namespace["f"])
+  try:
+    assert _flight.calls_into_jax(frame) is False
+  finally:
+    thread.join(5)
 
 
 def test_stack_top_names_the_innermost_frames():

@@ -88,7 +88,7 @@ class Recorder:
   def __init__(self, where="train.py:10 step"):
     self.phase, self.seconds, self.at_exit, self._where = RUNNING, 0.0, False, where
 
-  def sample(self):
+  def sample(self, busy=0.0, idle_percent=25.0):
     if self.at_exit and self.phase != WAITING:
       return AT_EXIT, self.seconds
     return self.phase, self.seconds
