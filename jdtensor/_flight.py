@@ -12,8 +12,7 @@ every client can tell the same story about a run that stopped moving:
   program's own Python or C code: a data loader, a file system, a lock.
   The beat says whether the process was idle too (a staller is idle);
 * `AT_EXIT` -- the script has ended normally and the client waits for the
-  others to end too (`WAITING` instead while it still holds an unfinished
-  result that spans every client).
+  others to end too (whatever its background threads are doing).
 
 "Inside JAX" is read from the main thread's stack, however the wait happens:
 
@@ -303,8 +302,8 @@ class MainThreadRecorder:
     main_idle = self._main_idle(now, process_idle)
     frame = self._main_frame()
     if self.at_exit:
-      phase = (WAITING if spans_every_process(self._live_arrays(), self.num_processes)
-               else AT_EXIT)
+      # Whatever its background threads still hold: its script is done.
+      phase = AT_EXIT
     elif self.in_jax(frame):
       phase = WAITING if main_idle else IN_JAX
     elif main_idle and spans_every_process(self._live_arrays(), self.num_processes):

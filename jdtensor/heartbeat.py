@@ -379,8 +379,10 @@ def _leave(departure: Departure) -> bool:
     if hb is not None:
       hb.abandon()
     if departure.consequence:
-      # The heartbeat has told everyone (and the launcher) whom it blames.
-      sys.stderr.write(f"jdtensor: client {me} {departure.why}\n")
+      # The heartbeat has told everyone (and the launcher) whom it blames;
+      # under "terminate" it has said so here too: each thing is said once.
+      if hb is None or hb.policy != "terminate":
+        sys.stderr.write(f"jdtensor: client {me} {departure.why}\n")
     else:
       if links is not None:
         links.announce_departure(departure.code, departure.why, True)

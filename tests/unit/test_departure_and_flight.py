@@ -140,8 +140,8 @@ def test_recorder_phases_and_time_in_them():
   arrays.clear()
   rec.at_exit = True
   assert rec.sample() == (_flight.AT_EXIT, 0.0)
-  arrays.append(FakeArray(False, [0, 1]))  # At exit, still waiting: waiting.
-  assert rec.sample()[0] == _flight.WAITING
+  arrays.append(FakeArray(False, [0, 1]))  # A daemon thread's psum: still at exit.
+  assert rec.sample()[0] == _flight.AT_EXIT
 
 
 def fake_frame(filename, back=None):
