@@ -3,7 +3,7 @@
     python benchmarks/run_all.py [--repeats N] [--only SECTION,...]
 
 ``--only`` reruns the named sections (startup, ring, heartbeat, api, testing,
-faults) and
+verdicts, faults) and
 keeps the others as they are in RESULTS.md, each with the date it was made.
 
 Every figure is measured side by side with its baseline in the same run
@@ -25,7 +25,7 @@ import re  # noqa: E402
 import subprocess  # noqa: E402
 
 from benchmarks import (bench_api, bench_heartbeat, bench_ring, bench_startup,
-                        bench_testing)  # noqa: E402
+                        bench_testing, bench_verdicts)  # noqa: E402
 from benchmarks._timing import machine  # noqa: E402
 
 
@@ -66,6 +66,10 @@ SECTIONS = {  # key -> (title, intro)
                 "one psum through `run_in_multi_client` (what `@multi_client` "
                 "runs) vs the same body as a hand-written client script under "
                 "the launcher, interleaved. Target: at most 1.2x."),
+    "verdicts": ("Heartbeat verdicts in the shapes users run",
+                 "`python benchmarks/bench_verdicts.py`: 4 clients, period 0.5 s, "
+                 "1 and 2 devices per client, results kept or read as temporaries "
+                 "(issue #19's rows); seconds from the misbehaviour to the end."),
     "faults": ("Fault and bad-input suite",
                "Each case runs in fresh processes with a hard deadline and "
                "asserts a clear error, a bounded time and no leftover process."),
@@ -108,6 +112,7 @@ def main(argv=None) -> int:
       # Start-to-end times are bimodal (a short body can end before the
       # heartbeat's private runtime has started); more rounds for a median.
       "testing": lambda: bench_testing.main(["--repeats", str(max(args.repeats, 11))]),
+      "verdicts": lambda: bench_verdicts.main(["--repeats", str(min(args.repeats, 3))]),
       "faults": fault_suite,
   }
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")

@@ -58,7 +58,7 @@ EXIT_CODE = PEER_FAILURE_EXIT_CODE
 OWN_FAILURE_EXIT_CODE = 70
 POLICIES = ("terminate", "raise", "log")
 # Seconds the first exchange may take beyond the stuck time-out: it starts
-# the private runtime (every client must connect) and compiles.
+# the private runtime (every client must connect).
 FIRST_EXCHANGE_ALLOWANCE = 30.0
 # Seconds an overdue beat's roll call waits for the healthy clients to answer
 # (they are blocked in the same beat, and their deadlines expire together).

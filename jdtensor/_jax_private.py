@@ -16,13 +16,14 @@ heartbeat then runs on the liveness links alone (see `jdtensor.heartbeat`).
 
 The private heartbeat runtime (`PrivateRuntime`): a second coordination
 service (hosted by client 0 on a port it reserved during the start-up
-handshake), a second distributed client, a second CPU PjRt client with one
-device per process and gloo collectives, and a hand-written StableHLO
-``all_reduce`` compiled on it. JAX's backend registry never sees any of it,
-so ``jax.devices()`` and everything built on it are exactly what raw
-``jax.distributed`` shows. It must be separate: the CPU client writes fixed
-key-value keys (``cpu:local_topology/...``) and gloo keys its communicators
-by device ids, so sharing the user's service or backend would collide.
+handshake) and a second distributed client, through which each beat sums one
+row per client (key-value store and barrier; no XLA program, so nothing that
+``jax.thread_guard`` or JAX's device checks can see). JAX's backend registry
+never sees any of it, so ``jax.devices()`` and everything built on it are
+exactly what raw ``jax.distributed`` shows. It must be separate from the
+user's service: a beat's keys and barriers must never meet the user's.
+
+jaxlib texts relied on are listed here too: `GLOO_KEY_PREFIX`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,24 @@
 """DTensor's heartbeat service on JAX, and how a client leaves a run.
 
-Every client exchanges DTensor's random token through a tiny all-reduce every
-`period` seconds, on a thread; when a client dies, hangs, stalls, leaves early
-or restarts, the others notice within a bounded time and every one of them
+Every client exchanges DTensor's random token through a sum of every
+client's row (an all-reduce) every `period` seconds, on a thread; when a
+client dies, hangs, stalls, leaves early or restarts, the others notice
+within a bounded time and every one of them
 names the same client and reason (TF DTensor's heartbeat logs forever and
 never stops in its open-source build). The protocol itself (beats, watchdog,
 verdicts, policies) is `jdtensor._beat.Heartbeat`; this module wires it.
 
 **Invisible to JAX.** XLA collectives on one device group are matched across
 processes only by issue order, so a background all-reduce on devices that
-user code also uses corrupts results or crashes gloo. The heartbeat therefore
-runs on a private runtime that JAX's backend registry never sees
-(`jdtensor._jax_private.PrivateRuntime`): its own coordination service on a
-port client 0 reserved at start-up, its own CPU client with one device per
-process, gloo collectives and a hand-written StableHLO all-reduce. The user's
-``jax.devices()``, ``jax.make_mesh``, ``multihost_utils``, ``pmap`` and orbax
-see exactly what raw ``jax.distributed`` shows. The private runtime starts on
-the heartbeat thread, off the caller's critical path.
+user code also uses corrupts results or crashes gloo, and ``jax.thread_guard``
+forbids any multi-process XLA program off the guarded thread. A beat
+therefore runs no XLA program: it sums one row per client through a private
+coordination service that JAX's backend registry never sees
+(`jdtensor._jax_private.PrivateRuntime`, on a port client 0 reserved at
+start-up). The user's ``jax.devices()``, ``jax.make_mesh``,
+``multihost_utils``, ``pmap`` and orbax see exactly what raw
+``jax.distributed`` shows. The private runtime starts on the heartbeat
+thread, off the caller's critical path.
 
 **Leaving is announced** (`install_exit_guard`, `leave`): an unhandled
 exception or a non-zero ``sys.exit`` is told to every client at once over the

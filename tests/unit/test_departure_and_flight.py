@@ -32,7 +32,8 @@ def test_a_normal_end_is_code_0(guard):
 
 @pytest.mark.parametrize("status,code,failed", [
     (None, 0, False), (0, 0, False), (3, 3, True), (256 + 4, 4, True),
-    ("bye", 1, True), (True, 1, True)])
+    ("bye", 1, True), (True, 1, True), (False, 0, False), (-1, 255, True)],
+    ids=["None", "0", "3", "260", "str", "True", "False", "-1"])
 def test_sys_exit_records_the_code(guard, status, code, failed):
   with pytest.raises(SystemExit):
     sys.exit(status)
@@ -280,3 +281,63 @@ def test_a_lost_peer_failure_asks_whom_to_blame_before_leaving(monkeypatch):
   monkeypatch.setattr(g2, "_exit_now", exits.append)
   g2.run()
   assert left[0].code == 1 and not left[0].peer_lost and exits[-1] == 1
+
+
+@pytest.mark.parametrize("message, waited", [
+    ("UNKNOWN: Gloo context initialization failed: DEADLINE_EXCEEDED: GetKeyValue() "
+     "timed out with key: cpu:gloo/0,2048/1 and duration: 29.999999909s", 30.0),
+    ("Gloo context initialization failed: DEADLINE_EXCEEDED", 30.0),
+    ("Gloo all-reduce failed: Connection closed by peer", None),
+    ("DEADLINE_EXCEEDED: barrier timed out", None)])
+def test_a_collective_that_gave_up_on_a_client_that_never_joined_is_recognised(
+    message, waited):
+  got = _departure.never_joined(RuntimeError(message))
+  assert (None if got is None else round(got)) == waited
+
+
+def test_a_forked_child_says_nothing_and_only_lets_go_of_jax(monkeypatch):
+  left, detached = [], []
+  g = _departure.ExitGuard(lambda d: left.append(d) or True, lambda: detached.append(1))
+  monkeypatch.setattr(_departure.os, "getpid", lambda: g._pid + 1)
+  g.run()
+  assert left == [] and detached == [1] and g.departure is None
+
+
+def test_exit_handlers_registered_after_the_guard_are_not_run_twice(monkeypatch):
+  """Python has run the handlers registered after the guard's by the time the
+  guard's runs (last in, first out): `_exit_now` takes them and itself out
+  before running the rest (Keras' and optree's handlers crash run twice)."""
+  import atexit
+  monkeypatch.setattr(atexit, "register", atexit.register)
+  monkeypatch.setattr(atexit, "unregister", atexit.unregister)
+  g = _departure.ExitGuard(lambda d: False, lambda: None)
+  g.install()
+  real_unregister = g._real_unregister
+
+  def later():
+    pass
+
+  def dropped():
+    pass
+  try:
+    atexit.register(later)
+    atexit.register(dropped)
+    atexit.unregister(dropped)
+    assert g._registered_after == [later]
+    unregistered, ran, exits = [], [], []
+    g._real_unregister = unregistered.append
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ran.append(list(unregistered)))
+    monkeypatch.setattr(_departure.os, "_exit", exits.append)
+    g._exit_now(3)
+    assert ran == [[g.run, later]] and exits == [3]
+  finally:
+    real_unregister(g.run)
+    real_unregister(later)
+
+
+def test_a_background_thread_inside_jax_is_seen_at_exit():
+  frame, thread = frame_of(in_jitted_call)
+  try:
+    assert thread.name in _flight.threads_inside_jax()
+  finally:
+    thread.join(5)

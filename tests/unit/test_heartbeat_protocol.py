@@ -229,7 +229,7 @@ def test_a_client_named_by_a_peer_is_the_root_cause():
                        "ago) (reported by client 0)")]
 
 
-def judge(n, states, period=1.0, stall=300.0, kill_all=False, me=0):
+def judge(n, states, period=1.0, stall=300.0, kill_all=False, me=0, joined=None):
   """The verdict client `me` reaches from one merged beat of (phase, s, busy)."""
   shared = Store(SumExchange(n))
   if me != 1:
@@ -239,7 +239,7 @@ def judge(n, states, period=1.0, stall=300.0, kill_all=False, me=0):
                            fetch=shared.fetch,
                            recorder=Recorder("data.py:88 next_batch <- train.py:40 main"))
   phases, seconds, busy = (np.array(v) for v in zip(*states))
-  hb._judge(phases, seconds, busy)
+  hb._judge(phases, seconds, busy, None if joined is None else np.array(joined))
   return hb.failure
 
 
@@ -270,9 +270,42 @@ def test_the_staller_names_itself_with_its_own_stack():
     [(WAITING, 301, 1), (IN_JAX, 301, 0), (WAITING, 305, 1)],
     # Two clients outside the collective: it is not one staller.
     [(WAITING, 301, 1), (RUNNING, 301, 0), (RUNNING, 305, 1)],
-], ids=["waiters-short", "runner-short", "waiter-busy", "compiling", "two-runners"])
+    # A busy client (a host computation) is slow, not stalled.
+    [(WAITING, 301, 1), (RUNNING, 301, 100), (WAITING, 305, 1)],
+], ids=["waiters-short", "runner-short", "waiter-busy", "compiling", "two-runners",
+        "runner-busy"])
 def test_no_stall_verdict_without_the_full_pattern(states):
   assert judge(3, states) is None
+
+
+def test_a_client_still_in_its_set_up_is_never_a_staller():
+  """Before its first collective (a slow data set-up) a client is late, not
+  stalled; past it, the same beats name it."""
+  states = [(WAITING, 301, 1), (RUNNING, 301, 0), (WAITING, 305, 1)]
+  assert judge(3, states, joined=[True, False, True]) is None
+  assert judge(3, states, joined=[True, True, True]).client_ids == (1,)
+
+
+def test_the_joined_bit_rides_in_the_phase_slot():
+  layout = heartbeat.BeatLayout(3)
+  rows = [layout.row(c, 9, False, (RUNNING, WAITING, IN_JAX)[c], 5, 1, joined=c != 0)
+          for c in range(3)]
+  merged = np.sum(rows, axis=0)
+  assert layout.states(merged)[0].tolist() == [RUNNING, WAITING, IN_JAX]
+  assert layout.joined(merged).tolist() == [False, True, True]
+
+
+def test_a_collective_that_gave_up_on_a_late_client_names_it():
+  hb = heartbeat.Heartbeat(1.0, "log", lambda r: r, 0, 4)
+  merged = np.sum([hb.layout.row(c, 9, False, WAITING if c != 3 else RUNNING, 30, 1,
+                                 joined=c != 3) for c in range(4)], axis=0)
+  hb.cluster, hb.cluster_joined = hb.layout.states(merged), hb.layout.joined(merged)
+  hb.late_for_collective(30.0)
+  assert str(hb.failure) == (
+      "heartbeat: client 3 did not join the collective the others waited in within "
+      "JAX's 30 s communicator set-up time (not configurable); it was still in "
+      "set-up, before its first collective; carrying on (policy 'log')")
+  assert hb.failure.client_ids == (3,)
 
 
 def test_stall_detection_can_be_switched_off():
@@ -468,6 +501,32 @@ def test_configuration_checks():
     heartbeat.Heartbeat(-1, "log", lambda r: r, 0, 2)
   with pytest.raises(ConfigError, match="policy='loud' is not one of"):
     heartbeat.Heartbeat(1, "loud", lambda r: r, 0, 2)
+
+
+@pytest.mark.parametrize("env,coordination,name,message", [
+    ({"JDTENSOR_STUCK_TIMEOUT": "300", "JDTENSOR_COORDINATION_TIMEOUT": "10"}, 10.0, None,
+     "JDTENSOR_STUCK_TIMEOUT='300' must be shorter than JDTENSOR_COORDINATION_TIMEOUT=10: "
+     "JAX aborts every client 10 s after one stops answering, before jdtensor can name "
+     "it. Set JDTENSOR_STUCK_TIMEOUT below 10 (at least 4, two heartbeat periods) or "
+     "the coordination time-out above 300."),
+    ({"JDTENSOR_COORDINATION_TIMEOUT": "30"}, 30.0, None,
+     "JDTENSOR_STUCK_TIMEOUT (default 60) must be shorter than "
+     "JDTENSOR_COORDINATION_TIMEOUT=30: JAX aborts every client 30 s after one stops "
+     "answering, before jdtensor can name it. Set JDTENSOR_STUCK_TIMEOUT below 30 (at "
+     "least 4, two heartbeat periods) or the coordination time-out above 60."),
+    ({"JDTENSOR_STUCK_TIMEOUT": "20"}, 20.0, "coordination_timeout",
+     "JDTENSOR_STUCK_TIMEOUT='20' must be shorter than coordination_timeout=20: JAX "
+     "aborts every client 20 s after one stops answering, before jdtensor can name it. "
+     "Set JDTENSOR_STUCK_TIMEOUT below 20 (at least 4, two heartbeat periods) or the "
+     "coordination time-out above 20."),
+], ids=["explicit", "default-stuck", "argument"])
+def test_a_stuck_timeout_not_below_the_coordination_timeout_is_refused(
+    env, coordination, name, message):
+  with pytest.raises(ConfigError) as e:
+    _env.read_heartbeat_settings(env, coordination=coordination, coordination_name=name)
+  assert str(e.value) == message
+  ok = {**env, "JDTENSOR_STUCK_TIMEOUT": "8"}
+  assert _env.read_heartbeat_settings(ok, coordination=coordination).stuck_timeout == 8
 
 
 @pytest.mark.parametrize("env,message", [
