@@ -292,21 +292,23 @@ class PrivateRuntime:
 
   def all_reduce(self, row: np.ndarray) -> np.ndarray:
     """Sums `row` (int32[width]) across every client; blocks until done."""
+    # Two slots, used in turn: every client has read slot b's rows before it
+    # arrives at beat b + 1's barrier, so beat b + 2 may overwrite them, and
+    # the service holds two barriers and 2 x clients keys, however long the run.
     beat = self._beat
     self._beat += 1
-    prefix = f"jdtensor/beat/{beat}/"
+    slot = f"jdtensor/beat/{beat % 2}"
     values = np.ascontiguousarray(row, np.int32)
-    self.client.key_value_set_bytes(f"{prefix}{self.client_id}", values.tobytes())
-    self.client.wait_at_barrier(f"jdtensor/beat/{beat}", self._BEAT_WAIT_MS)
-    entries = self.client.key_value_dir_get_bytes(prefix)
+    self.client.key_value_set_bytes(f"{slot}/{self.client_id}", values.tobytes(),
+                                    allow_overwrite=True)
+    self.client.wait_at_barrier(slot, self._BEAT_WAIT_MS)
+    entries = self.client.key_value_dir_get_bytes(f"{slot}/")
     if len(entries) != self.num_clients:
       raise RuntimeError(f"beat {beat}: {len(entries)} rows for "
                          f"{self.num_clients} clients")
     total = np.zeros(self.width, np.int64)
     for _, value in entries:
       total += np.frombuffer(value, np.int32)
-    if beat > 0:  # Every client has read the last beat's rows: it passed this barrier.
-      self.client.key_value_delete(f"jdtensor/beat/{beat - 1}/{self.client_id}")
     return total.astype(np.int32)
 
   def close(self, barrier_timeout: float) -> bool:

@@ -113,7 +113,8 @@ class PrivateExchange:
     # No time-out of its own: jdtensor's watchdog bounds the first exchange,
     # and the private runtime's time-outs abort the process from C++.
     self.runtime = _jax_private.PrivateRuntime(
-        self.client_id, self.num_clients, host, port, self.width, connect_timeout=24 * 3600, service_socket=reserved,
+        self.client_id, self.num_clients, host, port, self.width,
+        connect_timeout=24 * 3600, service_socket=reserved,
         shutdown_timeout=self._shutdown_timeout)
 
   def __call__(self, row: np.ndarray) -> np.ndarray:
@@ -239,7 +240,9 @@ def _joined_collective() -> bool:
   devices = jax.local_devices()
   if not devices or devices[0].platform != "cpu":
     return True
-  joined = _jax_private.joined_gloo_collective({d.id for d in devices})
+  # On a helper thread: a stopped client 0 cannot block the beat thread.
+  joined = _bounded(lambda: _jax_private.joined_gloo_collective(
+      {d.id for d in devices}), timeout=1.0)
   return True if joined is None else joined
 
 
