@@ -62,10 +62,10 @@ def main(argv=None) -> str:
   for name, (scen, bad, bound, env) in CASES.items():
     for devices in (1, 2):
       runs = [one(scen, bad, devices, env) for _ in range(args.repeats)]
-      named = sorted({str(r[1]) for r in runs})
+      named = sorted({"nobody" if r[1] is None else f"client {r[1]}" for r in runs})
       codes = sorted({r[2] for r in runs})
       rows.append(f"| {name} | {devices} | {statistics.median(r[0] for r in runs):.1f} "
-                  f"| client {', '.join(named)} | {', '.join(map(str, codes))} | {bound} |")
+                  f"| {', '.join(named)} | {', '.join(map(str, codes))} | {bound} |")
   text = "\n".join(rows)
   print(text)
   return text

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -75,6 +76,7 @@ _TICK = 1.0
 # abort the moment the service is gone).
 HOST_EXIT_WAIT = 5.0
 _NOT_JOINED = 8
+_REPORTED_BY = re.compile(r" \(reported by client \d+\)$")
 
 
 def exit_grace_for(period: float) -> float:
@@ -640,7 +642,10 @@ class Heartbeat:
     if self.stopped.is_set() and self.failure is None:
       return
     # Named ourselves (e.g. we were frozen, or stalled): we are the root cause.
-    self._fail(f"{why} (reported by client {reporter})", clients,
+    # Said once: a relayed report already says who reported it first.
+    if not _REPORTED_BY.search(why):
+      why = f"{why} (reported by client {reporter})"
+    self._fail(why, clients,
                exit_code=(OWN_FAILURE_EXIT_CODE if self.client_id in clients
                           else EXIT_CODE))
 

@@ -454,8 +454,9 @@ def _run_one_node(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
         spec, _supervisor.Attempt.local(spec, attempt, secret), out, err, env,
         signals, quiet=True)
     result.restarts = attempt
-    if (result.exit_code == 0 or signals.interrupt.signal is not None
-        or attempt >= spec.max_restarts):
+    # A time-out bounds the whole run: it is never restarted.
+    if (result.exit_code in (0, _supervisor.EXIT_TIMEOUT)
+        or signals.interrupt.signal is not None or attempt >= spec.max_restarts):
       if result.reason:
         err.write(result.reason + "\n")
         err.flush()
@@ -553,7 +554,8 @@ def _run_node0(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
                         if root and r.get("failure") == root), None)
       if exit_code is None:
         exit_code = result.exit_code or 1
-      if interrupted or group.lost or attempt >= spec.max_restarts:
+      timed_out = exit_code == _supervisor.EXIT_TIMEOUT  # Never restarted.
+      if interrupted or group.lost or timed_out or attempt >= spec.max_restarts:
         group.broadcast({"finish": {"exit_code": exit_code, "root": root}})
         result.reason = _summary(0, root_text, result)
         result.exit_code = exit_code

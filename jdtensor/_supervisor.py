@@ -8,6 +8,7 @@ several attempts and several nodes on top of it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -50,6 +51,10 @@ def is_gloo_noise(line: str) -> bool:
 
 
 _POLL_SECONDS = 0.05
+# Linux's limits on a new process's environment (MAX_ARG_STRLEN, one
+# variable; and a quarter of the default 8 MiB stack for all of them).
+_MAX_ARG_STRLEN = 128 * 1024
+_MAX_ARGS_ENV = 2 * 1024 * 1024
 _STACK_DUMP_SECONDS = 2.0
 EXIT_TIMEOUT = 124  # The launcher's exit code when its time-out expired.
 
@@ -110,10 +115,12 @@ class LaunchSpec:
     if self.port is not None and not 1 <= self.port <= 65535 - self.num_clients + 1:
       raise ValueError(f"port must leave room for {self.num_clients} ports in "
                        f"1..65535, got {self.port}.")
-    if self.timeout is not None and not self.timeout > 0:
-      raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}.")
-    if not self.grace >= 0:
-      raise ValueError(f"grace must be >= 0 seconds, got {self.grace}.")
+    if self.timeout is not None and not 0 < self.timeout < float("inf"):
+      raise ValueError(f"timeout must be a finite number of seconds > 0, got "
+                       f"{self.timeout}.")
+    if not 0 <= self.grace < float("inf"):
+      raise ValueError(f"grace must be a finite number of seconds >= 0, got "
+                       f"{self.grace}.")
     if not 1 <= self.nnodes <= 10_000:
       raise ValueError(f"nnodes must be 1..10000, got {self.nnodes}.")
     if not 0 <= self.node_rank < self.nnodes:
@@ -320,12 +327,19 @@ def _signal_groups(procs: Sequence[subprocess.Popen], sig: int) -> None:
         pass
 
 
-def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float) -> list[int]:
+def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float,
+                        killed: list[int] | None = None) -> list[int]:
   """Stops processes that each lead a process group, and everything in them.
 
   SIGTERM to every group still running, up to `grace` seconds on one shared
   deadline for them to end, then SIGKILL; each is reaped (10 s at most), and
   grandchildren that outlived their leader are killed too.
+
+  Args:
+    procs: The group leaders.
+    grace: Seconds between SIGTERM and SIGKILL.
+    killed: Receives the indices of the processes that outlived the grace
+      (they ignored SIGTERM, or took longer) and were SIGKILLed.
 
   Returns:
     The indices of the processes that were still running.
@@ -335,6 +349,8 @@ def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float) -> list
   deadline = time.monotonic() + grace
   while time.monotonic() < deadline and any(p.poll() is None for p in procs):
     time.sleep(_POLL_SECONDS)
+  if killed is not None:
+    killed.extend(i for i, p in enumerate(procs) if p.poll() is None)
   _signal_groups(procs, signal.SIGKILL)
   for proc in procs:
     try:
@@ -405,6 +421,36 @@ class Failure:
   at: float
 
 
+def _segments(pipe: IO[bytes]) -> Any:
+  """A client's output as it comes: (text, end) for each line ended by a
+  newline, and for each progress update ended by a carriage return
+  (tqdm's ``\r``), which a terminal then draws over in place."""
+  buf, after_cr = b"", False
+  while True:
+    try:
+      chunk = pipe.read1(65536)  # What has arrived, without waiting for more.
+    except (OSError, ValueError):
+      chunk = b""
+    if not chunk:
+      break
+    buf += chunk
+    while True:
+      cut = min((i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0), default=-1)
+      if cut < 0:
+        break
+      text, mark, buf = buf[:cut], buf[cut:cut + 1], buf[cut + 1:]
+      if mark == b"\r" and buf.startswith(b"\n"):
+        mark, buf = b"\n", buf[1:]  # CRLF: one line.
+      if mark == b"\n" and not text and after_cr:
+        after_cr = False  # The newline after a progress bar's last update.
+        continue
+      after_cr = mark == b"\r"
+      yield text, mark.decode()
+  if buf:
+    yield buf, "\n"
+  pipe.close()
+
+
 class _Supervisor:
   """Starts, watches and stops one node's clients for one attempt.
 
@@ -440,12 +486,14 @@ class _Supervisor:
     self.stop_request = stop_request or (lambda: None)
     self.on_failure = on_failure or (lambda failure: None)
     self.last_output = 0.0  # Monotonic time of the last line written.
+    self.output_closed = False  # Set when writing our output failed.
+    self.killed: list[int] = []  # Clients SIGKILLed after the grace.
 
   def _pump(self, client: int, pipe: IO[bytes], sink: IO[str]) -> None:
     prefix = f"[client {client}] "
     noise_until = 0.0  # Fragments of a gloo notice may follow it.
-    for raw in iter(pipe.readline, b""):
-      line = raw.decode(errors="replace").rstrip("\n")
+    for raw, end in _segments(pipe):
+      line = raw.decode(errors="replace")
       if is_gloo_noise(line):
         noise_until = time.monotonic() + _GLOO_FRAGMENT_SECONDS
         continue
@@ -454,11 +502,17 @@ class _Supervisor:
       # fragment of it, not the program's output.
       if time.monotonic() < noise_until and _GLOO_LEFTOVER.fullmatch(line):
         continue
+      if self.output_closed:
+        continue  # Keep draining, so that no client blocks on a full pipe.
       with self.write_lock:
-        sink.write(prefix + line + "\n")
-        sink.flush()
+        try:
+          sink.write(prefix + line + end)
+          sink.flush()
+        except (BrokenPipeError, ValueError, OSError):
+          # Our reader is gone (`jdtensor launch ... | head -1`): the run is
+          # stopped, as torchrun and mpirun do.
+          self.output_closed = True
         self.last_output = time.monotonic()
-    pipe.close()
 
   def start(self) -> None:
     for client in self.ids:
@@ -480,7 +534,21 @@ class _Supervisor:
 
   def stop_all(self) -> list[int]:
     """SIGTERM, grace, SIGKILL; returns the ids of the clients stopped."""
-    return [self.ids[i] for i in stop_process_groups(self.procs, self.spec.grace)]
+    killed: list[int] = []
+    stopped = [self.ids[i] for i in stop_process_groups(self.procs, self.spec.grace,
+                                                        killed)]
+    self.killed += [self.ids[i] for i in killed]
+    return stopped
+
+  def stopped_text(self, stopped: Sequence[int]) -> str:
+    """``stopped clients 0, 2``, and who had to be killed: one line says
+    what the stop did."""
+    text = f"stopped clients {', '.join(map(str, stopped)) or 'none'}"
+    if self.killed:
+      text += (f" (client{'s' if len(self.killed) > 1 else ''} "
+               f"{', '.join(map(str, self.killed))} ignored SIGTERM for "
+               f"{self.spec.grace:g} s: killed)")
+    return text
 
   def _poll(self) -> list[int | None]:
     codes = [p.poll() for p in self.procs]
@@ -489,6 +557,12 @@ class _Supervisor:
       if code is not None and i not in self.exit_times:
         self.exit_times[i] = now
         self.exit_wall[i] = time.time()
+        # Nothing the client started outlives it (a helper, a forked child it
+        # did not wait for): its process group goes with it.
+        try:
+          os.killpg(self.procs[i].pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+          pass
     return codes
 
   def reports(self) -> dict[int, _Report]:
@@ -551,6 +625,9 @@ class _Supervisor:
       if report is not None and not report.departure and (
           report.culprits == [client]):  # It found itself the cause, and said why.
         what += ": " + _plain(report.why)
+      elif report is not None and report.departure and report.why.startswith("failed: "):
+        # Its own exception, as it told the others: the reason, not only a code.
+        what += ": " + report.why.removeprefix("failed: ")
       return (Failure(client, what, True, failed_at(i)),
               code if code > 0 else 128 - code)
     named: dict[int, list[int]] = {}
@@ -587,20 +664,20 @@ class _Supervisor:
       if self.interrupt.signal is not None:
         stopped = self.stop_all()
         name = signal.Signals(self.interrupt.signal).name
-        result.reason = (f"jdtensor launch: received {name}; stopped clients "
-                         f"{', '.join(map(str, stopped)) or 'none'}")
+        result.reason = f"jdtensor launch: received {name}; {self.stopped_text(stopped)}"
         result.exit_code = 128 + self.interrupt.signal
         break
       if failed:
         codes = self._settle(codes)
         failure, exit_code = self._root_cause(codes)
         self.on_failure(failure)
-        stopped = self.stop_all()
+        # The root cause is on its own way out (client 0 leaves last): the
+        # launcher's stop is not why it ended.
+        stopped = [c for c in self.stop_all() if c != failure.client]
         codes = self._poll()
         result.first_failure = failure.client
         result.own_failure, result.failed_at = failure.own, failure.at
-        result.reason = (f"jdtensor launch: {failure.what}; stopped clients "
-                         f"{', '.join(map(str, stopped)) or 'none'}")
+        result.reason = f"jdtensor launch: {failure.what}; {self.stopped_text(stopped)}"
         also = [f"client {self.ids[c]} {describe_exit(k)}"
                 for c, k in sorted(((i, k) for i, k in enumerate(codes)
                                     if k not in (None, 0)
@@ -613,18 +690,23 @@ class _Supervisor:
         break
       if all(c == 0 for c in codes):
         break
+      if self.output_closed:
+        stopped = self.stop_all()
+        result.reason = ("jdtensor launch: its output was closed (the reader of "
+                         f"its pipe exited); {self.stopped_text(stopped)}")
+        result.exit_code = 128 + signal.SIGPIPE
+        break
       why = self.stop_request()
       if why is not None:
         stopped = self.stop_all()
-        result.reason = (f"jdtensor launch: {why}; stopped clients "
-                         f"{', '.join(map(str, stopped)) or 'none'}")
+        result.reason = f"jdtensor launch: {why}; {self.stopped_text(stopped)}"
         result.exit_code = PEER_FAILURE_EXIT_CODE
         break
       if deadline is not None and time.monotonic() > deadline:
         self._dump_stacks_before_stopping()
         stopped = self.stop_all()
         result.reason = (f"jdtensor launch: timed out after {self.spec.timeout:g} s; "
-                         f"stopped clients {', '.join(map(str, stopped))}")
+                         f"{self.stopped_text(stopped)}")
         result.exit_code = EXIT_TIMEOUT
         result.failed_at = time.time()
         self.on_failure(Failure(None, f"timed out after {self.spec.timeout:g} s",
@@ -703,11 +785,26 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
       sup.start()
     except OSError as e:
       sup.stop_all()
+      why = e.strerror
+      if e.errno == errno.E2BIG:
+        jobs = len(",".join(attempt.jobs))
+        why = (f"the clients' environment is too large (DTENSOR_JOBS alone is "
+               f"{jobs:,} bytes for {len(attempt.jobs):,} clients; Linux allows "
+               f"{_MAX_ARG_STRLEN:,} bytes in one variable and about "
+               f"{_MAX_ARGS_ENV:,} in all): use fewer clients per launch, or "
+               "several nodes")
       result = LaunchResult(reason=f"jdtensor launch: cannot start "
-                            f"{spec.command[0]!r}: {e.strerror}", exit_code=127,
+                            f"{spec.command[0]!r}: {why}", exit_code=127,
                             client_ids=list(attempt.client_ids))
     else:
-      result = sup.run()
+      try:
+        result = sup.run()
+      except BaseException:
+        # An exception raised into the launcher's thread (pytest-timeout's
+        # signal method, a KeyboardInterrupt past our handlers): the clients
+        # go with it, bounded by the grace.
+        sup.stop_all()
+        raise
   finally:
     signals.current = None
     shutil.rmtree(sup.report_dir, ignore_errors=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import math
 import sys
 
 from jdtensor.device_spec import DEVICE_TYPES
@@ -26,34 +27,33 @@ __all__ = ["main", "get_parser"]
 _DEMO_CLIENTS, _DEMO_DEVICES = 4, 2
 
 
+def _ascii_int(text: str, what: str) -> int:
+  """An integer written in ASCII digits (``int`` also takes ``٢`` and ``1_0``)."""
+  digits = text.strip()
+  if not (digits.isascii() and digits.isdigit()):
+    raise argparse.ArgumentTypeError(f"expected {what} in ASCII digits, got {text!r}")
+  return int(digits)
+
+
 def _positive_int(text: str) -> int:
-  try:
-    value = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+  value = _ascii_int(text, "a positive integer")
   if value < 1:
     raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
   return value
 
 
 def _non_negative_int(text: str) -> int:
-  try:
-    value = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(
-        f"expected a non-negative integer, got {text!r}") from None
-  if value < 0:
-    raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-  return value
+  return _ascii_int(text, "a non-negative integer")
 
 
 def _positive_float(text: str) -> float:
   try:
-    value = float(text)
+    value = float(text) if text.strip().isascii() else float("nan")
   except ValueError:
     raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
-  if not value > 0:
-    raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+  if not (value > 0 and math.isfinite(value)):
+    raise argparse.ArgumentTypeError(
+        f"expected a finite number of seconds > 0, got {text!r}")
   return value
 
 
@@ -158,7 +158,13 @@ def _launch(args: argparse.Namespace) -> int:
   except (ConfigError, ValueError) as e:
     print(f"jdtensor launch: {e}", file=sys.stderr)
     return 2
-  return launcher.launch(spec).exit_code
+  code = launcher.launch(spec).exit_code
+  try:
+    sys.stdout.flush()
+  except (BrokenPipeError, ValueError):
+    # The reader of our output is gone: no "Exception ignored" at exit.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+  return code
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -174,9 +174,10 @@ def test_a_failure_on_one_host_stops_the_other_naming_it(hosts):
   stamp = float(run.wait_for(r"^\[client 2\] MISBEHAVING ([\d.]+)$", 1, 120).group(1))
   assert run.finish(60) == [1, 1], run.out
   assert time.time() - stamp < 30
-  assert re.search(r"^jdtensor launch \(node 0\): client 2 exited with code 1 \(on "
-                   r"node 1\); stopped clients ", run.out[0], re.M), run.out[0]
-  assert re.search(r"^jdtensor launch \(node 1\): client 2 exited with code 1; "
+  why = r"ZeroDivisionError: division by zero \(failure_client\.py:\d+ in misbehave\)"
+  assert re.search(rf"^jdtensor launch \(node 0\): client 2 exited with code 1: {why} "
+                   r"\(on node 1\); stopped clients ", run.out[0], re.M), run.out[0]
+  assert re.search(rf"^jdtensor launch \(node 1\): client 2 exited with code 1: {why}; "
                    r"stopped clients ", run.out[1], re.M), run.out[1]
   for c in (0, 1):
     assert re.search(rf"^\[client {c}\] heartbeat: client 2 failed: ZeroDivisionError",

@@ -51,7 +51,8 @@ def test_the_root_cause_is_who_failed_first_by_its_own_account():
                         out=out, err=err)
   assert res.returncodes == [1, 1], err.getvalue()
   assert res.first_failure == 0
-  assert res.reason == ("jdtensor launch: client 0 exited with code 1; stopped "
+  # With the reason it gave the others (its report's "failed: boom").
+  assert res.reason == ("jdtensor launch: client 0 exited with code 1: boom; stopped "
                         "clients none (also: client 1 exited with code 1)")
 
 

@@ -9,6 +9,7 @@ from jdtensor import _supervisor, cli
 def pump(lines):
   sup = _supervisor._Supervisor.__new__(_supervisor._Supervisor)
   sup.write_lock = __import__("threading").Lock()
+  sup.output_closed = False
   sink = io.StringIO()
   sup._pump(1, io.BytesIO("".join(lines).encode()), sink)
   return sink.getvalue()
@@ -28,20 +29,24 @@ def test_empty_lines_of_the_program_are_kept():
 
 
 def test_fragments_only_right_after_a_notice():
-  class SlowPipe(io.BytesIO):
-    empties = 0
+  class SlowPipe:
+    """Gives its chunks one read at a time; the last after the fragment window."""
 
-    def readline(self, *args):
-      line = super().readline(*args)
-      if line == b"\n":
-        self.empties += 1
-        if self.empties == 2:  # Arrives after the fragment window.
-          time.sleep(_supervisor._GLOO_FRAGMENT_SECONDS + 0.1)
-      return line
+    def __init__(self, chunks):
+      self.chunks = list(chunks)
+
+    def read1(self, size):
+      if len(self.chunks) == 1:
+        time.sleep(_supervisor._GLOO_FRAGMENT_SECONDS + 0.1)
+      return self.chunks.pop(0) if self.chunks else b""
+
+    def close(self):
+      pass
   sup = _supervisor._Supervisor.__new__(_supervisor._Supervisor)
   sup.write_lock = __import__("threading").Lock()
+  sup.output_closed = False
   sink = io.StringIO()
-  sup._pump(1, SlowPipe(("x\n" + GLOO + "\n" + "\n").encode()), sink)
+  sup._pump(1, SlowPipe([("x\n" + GLOO + "\n").encode(), b"\n"]), sink)
   # The first empty line came within the window (dropped); the second after.
   assert sink.getvalue() == "[client 1] x\n[client 1] \n"
 
@@ -54,3 +59,33 @@ def test_help_lists_only_public_commands(capsys):
   text = capsys.readouterr().out
   assert "{launch,demo,env}" in text
   assert "demo-client" not in text and "SUPPRESS" not in text
+
+
+def test_progress_updates_are_passed_on_as_they_come():
+  """tqdm ends each update with a carriage return and no newline: each is
+  shown at once (a terminal draws it over the last), CRLF is one line."""
+  import os
+  from jdtensor._supervisor import _segments
+  r, w = os.pipe()
+  os.write(w, b"start\n 10%|#  |\r 20%|## |\r 30%|###|\r\nend\r\nlast")
+  os.close(w)
+  assert list(_segments(os.fdopen(r, "rb"))) == [
+      (b"start", "\n"), (b" 10%|#  |", "\r"), (b" 20%|## |", "\r"),
+      (b" 30%|###|", "\n"), (b"end", "\n"), (b"last", "\n")]
+
+
+def test_a_progress_bar_s_closing_newline_in_its_own_read_is_not_a_blank_line():
+  import os
+  import threading
+  from jdtensor._supervisor import _segments
+  r, w = os.pipe()
+  got = []
+  reader = threading.Thread(target=lambda: got.extend(_segments(os.fdopen(r, "rb"))))
+  reader.start()
+  os.write(w, b" 99%\r")
+  import time
+  time.sleep(0.2)  # The update arrives on its own.
+  os.write(w, b"\ndone\n")
+  os.close(w)
+  reader.join(5)
+  assert got == [(b" 99%", "\r"), (b"done", "\n")]

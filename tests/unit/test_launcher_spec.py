@@ -32,7 +32,12 @@ def test_worker_env_is_dtensor_env():
     ({"command": ("x",), "devices_per_client": 0}, "devices_per_client must be >= 1"),
     ({"command": ("x",), "device_type": "XPU"}, "device_type must be CPU, GPU or TPU"),
     ({"command": ("x",), "port": 70000}, "port must leave room for 2 ports"),
-    ({"command": ("x",), "timeout": 0}, "timeout must be > 0 seconds, got 0."),
+    ({"command": ("x",), "timeout": 0},
+     "timeout must be a finite number of seconds > 0, got 0."),
+    ({"command": ("x",), "timeout": float("inf")},
+     "timeout must be a finite number of seconds > 0, got inf."),
+    ({"command": ("x",), "grace": float("inf")},
+     "grace must be a finite number of seconds >= 0, got inf."),
 ])
 def test_spec_validation(kwargs, message):
   with pytest.raises(ValueError, match=re.escape(message)):
