@@ -93,10 +93,11 @@ def test_a_failure_on_node_1_stops_node_0_within_seconds_naming_it():
   assert codes == [1, 1], run.out
   lines = [[l for l in out.splitlines() if l.startswith("jdtensor launch")]
            for out in run.out]
-  assert lines[0][0].startswith("jdtensor launch (node 0): client 2 exited with "
-                                "code 1 (on node 1); stopped clients "), run.out[0]
-  assert lines[1][0].startswith("jdtensor launch (node 1): client 2 exited with "
-                                "code 1; stopped clients "), run.out[1]
+  why = r"ZeroDivisionError: division by zero \(failure_client\.py:\d+ in misbehave\)"
+  assert re.match(rf"jdtensor launch \(node 0\): client 2 exited with code 1: {why} "
+                  r"\(on node 1\); stopped clients ", lines[0][0]), run.out[0]
+  assert re.match(rf"jdtensor launch \(node 1\): client 2 exited with code 1: {why}; "
+                  r"stopped clients ", lines[1][0]), run.out[1]
   # Node 0's clients stopped within seconds of the failure on node 1.
   assert time.time() - stamp < 30
   ends = [m for m in re.findall(r"^\[client [01]\] heartbeat: client 2 failed: "
