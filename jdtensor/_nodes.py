@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from jdtensor import _env, _supervisor
+from jdtensor import _report, _env, _supervisor
 from jdtensor._deadline import Deadline
 from jdtensor._rendezvous import (Frames, format_host_port, handshake_proof,
                                   split_host_port)
@@ -351,8 +351,7 @@ def _earliest(failures: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _summary(me: int, root: str, result: _supervisor.LaunchResult) -> str:
   stopped = [c for c, code in zip(result.client_ids, result.returncodes)
              if code is not None and code < 0] if result.returncodes else []
-  return (f"jdtensor launch (node {me}): {root}; stopped clients "
-          f"{', '.join(map(str, stopped)) or 'none'}")
+  return _report.summary(root, stopped, node=me)
 
 
 class _Node0:

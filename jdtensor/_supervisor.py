@@ -9,7 +9,6 @@ several attempts and several nodes on top of it.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import secrets
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from jdtensor import _env
+from jdtensor._report import ClientEnd, Report, describe_exit, root_cause, summary
 from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 
@@ -365,38 +365,6 @@ def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float,
   return running
 
 
-def describe_exit(code: int) -> str:
-  """``exited with code 3`` or ``was killed by SIGKILL``, for a return code."""
-  if code < 0:
-    try:
-      return f"was killed by {signal.Signals(-code).name}"
-    except ValueError:
-      return f"was killed by signal {-code}"
-  return f"exited with code {code}"
-
-
-@dataclass(frozen=True)
-class _Report:
-  """What a client wrote into ``JDTENSOR_REPORT_DIR`` (see `jdtensor.heartbeat`).
-
-  Attributes:
-    culprits: Whom it blames ([itself] when it found itself the cause).
-    why: Its reason, as it printed it.
-    at: When (``time.time()``), if it said.
-    departure: Whether this is a client that failed by itself telling when
-      it left, rather than a verdict on others.
-  """
-  culprits: list[int]
-  why: str
-  at: float | None
-  departure: bool
-
-
-def _plain(why: str) -> str:
-  """A client's report as the launcher's summary says it."""
-  return re.sub(r" \(reported by client \d+\)$", "", why.removeprefix("heartbeat: "))
-
-
 class Interrupt:
   """A signal received by the launcher (SIGINT, SIGTERM): every client of
   every attempt is stopped. `launch` sets it from its signal handlers."""
@@ -540,15 +508,9 @@ class _Supervisor:
     self.killed += [self.ids[i] for i in killed]
     return stopped
 
-  def stopped_text(self, stopped: Sequence[int]) -> str:
-    """``stopped clients 0, 2``, and who had to be killed: one line says
-    what the stop did."""
-    text = f"stopped clients {', '.join(map(str, stopped)) or 'none'}"
-    if self.killed:
-      text += (f" (client{'s' if len(self.killed) > 1 else ''} "
-               f"{', '.join(map(str, self.killed))} ignored SIGTERM for "
-               f"{self.spec.grace:g} s: killed)")
-    return text
+  def summary(self, what: str, stopped: Sequence[int], also: Sequence[str] = ()) -> str:
+    """The summary line of this attempt (`jdtensor._report.summary`)."""
+    return summary(what, stopped, also=also, killed=self.killed, grace=self.spec.grace)
 
   def _poll(self) -> list[int | None]:
     codes = [p.poll() for p in self.procs]
@@ -565,24 +527,9 @@ class _Supervisor:
           pass
     return codes
 
-  def reports(self) -> dict[int, _Report]:
-    """What the clients wrote, by client id: whom a client stopped because
-    of others blames, and when a client that failed by itself left."""
-    out = {}
-    for name in os.listdir(self.report_dir):
-      if not (name.startswith("client-") and name.endswith(".json")):
-        continue
-      try:
-        with open(os.path.join(self.report_dir, name)) as f:
-          data = json.load(f)
-        at = data.get("at")
-        out[int(data["client"])] = _Report(
-            [int(c) for c in data["culprits"]], str(data["why"]),
-            float(at) if isinstance(at, (int, float)) else None,
-            bool(data.get("departure", False)))
-      except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        continue
-    return out
+  def reports(self) -> dict[int, Report]:
+    """What the clients wrote, by client id (`jdtensor._report`)."""
+    return Report.read_all(self.report_dir)
 
   def _settle(self, codes: list[int | None]) -> list[int | None]:
     """Before stopping everyone, waits briefly (at most 3 s) for clients that
@@ -604,55 +551,13 @@ class _Supervisor:
     return codes
 
   def _root_cause(self, codes: list[int | None]) -> tuple[Failure, int]:
-    """The root cause among this node's clients, and the exit code."""
-    failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-    reports = self.reports()
-
-    def failed_at(i: int) -> float:
-      # When it left by its own account (client 0 leaves last on purpose),
-      # else when it was seen to end.
-      report = reports.get(self.ids[i])
-      if report is not None and report.departure and report.at is not None:
-        return report.at
-      return self.exit_wall.get(i, 0.0)
-    own = sorted((f for f in failed if f[1] != PEER_FAILURE_EXIT_CODE),
-                 key=lambda f: (failed_at(f[0]), f[0]))
-    if own:
-      i, code = own[0]
-      client = self.ids[i]
-      what = f"client {client} {describe_exit(code)}"
-      report = reports.get(client)
-      if report is not None and not report.departure and (
-          report.culprits == [client]):  # It found itself the cause, and said why.
-        what += ": " + _plain(report.why)
-      elif report is not None and report.departure and report.why.startswith("failed: "):
-        # Its own exception, as it told the others: the reason, not only a code.
-        what += ": " + report.why.removeprefix("failed: ")
-      return (Failure(client, what, True, failed_at(i)),
-              code if code > 0 else 128 - code)
-    named: dict[int, list[int]] = {}
-    for reporter, report in sorted(reports.items()):
-      if report.departure:
-        continue
-      for c in report.culprits:
-        named.setdefault(c, []).append(reporter)
-    if named:
-      client = max(named, key=lambda c: (len(named[c]), -min(named[c])))
-      why = _plain(reports[named[client][0]].why)
-      if not why.startswith(f"client {client}"):
-        why = f"client {client}: {why}"
-      others = [r for r in named[client] if r != client]
-      if others:
-        why += (f" (named by client{'s' if len(others) > 1 else ''} "
-                f"{', '.join(map(str, others))})")
-      code = codes[self.ids.index(client)] if client in self.ids else None
-      return (Failure(client, why, False, time.time()),
-              code if code and code > 0 else 128 - code if code and code < 0 else 1)
-    i, ended = min(failed, key=lambda f: (self.exit_times.get(f[0], 0.0), f[0]))
-    code = int(ended)  # type: ignore[arg-type]  # Only clients that ended.
-    return (Failure(self.ids[i], f"client {self.ids[i]} {describe_exit(code)}",
-                    False, self.exit_wall.get(i, time.time())),
-            code if code > 0 else 128 - code)
+    """The root cause among this node's clients, and the exit code
+    (`jdtensor._report.root_cause`)."""
+    ends = [ClientEnd(self.ids[i], code, self.exit_wall.get(i))
+            for i, code in enumerate(codes)]
+    cause = root_cause(ends, self.reports())
+    assert cause is not None  # Only called once a client failed.
+    return Failure(cause.client, cause.what, cause.own, cause.at), cause.exit_code
 
   def run(self) -> LaunchResult:
     result = LaunchResult(client_ids=list(self.ids))
@@ -664,7 +569,7 @@ class _Supervisor:
       if self.interrupt.signal is not None:
         stopped = self.stop_all()
         name = signal.Signals(self.interrupt.signal).name
-        result.reason = f"jdtensor launch: received {name}; {self.stopped_text(stopped)}"
+        result.reason = self.summary(f"received {name}", stopped)
         result.exit_code = 128 + self.interrupt.signal
         break
       if failed:
@@ -677,36 +582,34 @@ class _Supervisor:
         codes = self._poll()
         result.first_failure = failure.client
         result.own_failure, result.failed_at = failure.own, failure.at
-        result.reason = f"jdtensor launch: {failure.what}; {self.stopped_text(stopped)}"
         also = [f"client {self.ids[c]} {describe_exit(k)}"
                 for c, k in sorted(((i, k) for i, k in enumerate(codes)
                                     if k not in (None, 0)
                                     and self.ids[i] != failure.client
                                     and self.ids[i] not in stopped),
                                    key=lambda f: self.exit_times.get(f[0], 0.0))]
-        if also:
-          result.reason += f" (also: {', '.join(also)})"
+        result.reason = self.summary(failure.what, stopped, also)
         result.exit_code = exit_code
         break
       if all(c == 0 for c in codes):
         break
       if self.output_closed:
         stopped = self.stop_all()
-        result.reason = ("jdtensor launch: its output was closed (the reader of "
-                         f"its pipe exited); {self.stopped_text(stopped)}")
+        result.reason = self.summary(
+            "its output was closed (the reader of its pipe exited)", stopped)
         result.exit_code = 128 + signal.SIGPIPE
         break
       why = self.stop_request()
       if why is not None:
         stopped = self.stop_all()
-        result.reason = f"jdtensor launch: {why}; {self.stopped_text(stopped)}"
+        result.reason = self.summary(why, stopped)
         result.exit_code = PEER_FAILURE_EXIT_CODE
         break
       if deadline is not None and time.monotonic() > deadline:
         self._dump_stacks_before_stopping()
         stopped = self.stop_all()
-        result.reason = (f"jdtensor launch: timed out after {self.spec.timeout:g} s; "
-                         f"{self.stopped_text(stopped)}")
+        result.reason = self.summary(f"timed out after {self.spec.timeout:g} s",
+                                     stopped)
         result.exit_code = EXIT_TIMEOUT
         result.failed_at = time.time()
         self.on_failure(Failure(None, f"timed out after {self.spec.timeout:g} s",

@@ -42,7 +42,6 @@ runs; ``JDTENSOR_HEARTBEAT_PERIOD``, ``JDTENSOR_HEARTBEAT_POLICY``,
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import signal
 import sys
@@ -59,6 +58,7 @@ from jdtensor._beat import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, OWN_FAILURE_EXI
                             HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE, BeatLayout,
                             Heartbeat)
 from jdtensor._departure import Departure, ExitGuard
+from jdtensor._report import Report
 from jdtensor._flight import AT_EXIT, MainThreadRecorder, format_stacks, threads_inside_jax
 from jdtensor.errors import NotInitializedError
 
@@ -215,12 +215,8 @@ def _launcher_report(client_id: int, directory: str | None, departure: bool = Fa
   def report(culprits: list[int], why: str) -> None:
     if not directory:
       return
-    path = os.path.join(directory, f"client-{client_id}.json")
     try:
-      with open(path + ".tmp", "w") as f:
-        json.dump({"client": client_id, "culprits": culprits, "why": why,
-                   "at": time.time(), "departure": departure}, f)
-      os.replace(path + ".tmp", path)
+      Report(client_id, tuple(culprits), why, time.time(), departure).write(directory)
     except OSError:
       pass  # The launcher then falls back to exit codes and times.
   return report

@@ -18,7 +18,8 @@ PRIVATE_JAX = "_jax_private.py"
 MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if p.name != PRIVATE_JAX)
 # The launcher's parent process and the pure layers: not even numpy.
-STDLIB_ONLY = ["launcher", "_supervisor", "_nodes", "cli", "_env", "_rendezvous", "cluster", "errors",
+STDLIB_ONLY = ["launcher", "_supervisor", "_nodes", "_report", "cli", "_env", "_rendezvous",
+               "cluster", "errors",
                "device_spec", "_logging", "testing", "testing._transport"]
 
 
@@ -159,7 +160,7 @@ def test_bad_env_errors_do_not_start_a_backend():
 LAYERS = [
     ("pure", ["errors", "_env", "_logging", "_deadline", "device_spec", "_links",
               "_rendezvous", "cluster", "tpu", "tpu.ring", "layout", "_proto",
-              "_departure"]),
+              "_departure", "_report"]),
     ("JAX-aware leaves", ["_jax_private", "tpu.topology", "_flight", "_beat"]),
     ("the state owner", ["runtime"]),
     ("composition", ["_interop", "config", "api", "mesh_util", "tpu.mesh",

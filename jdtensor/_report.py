@@ -1,0 +1,227 @@
+"""What a client tells its launcher, and the launcher's root cause.
+
+PURE: standard library only. One typed record (`Report`), written by the
+client (`jdtensor.heartbeat`) into ``JDTENSOR_REPORT_DIR`` and read back by
+the launcher (`jdtensor._supervisor`); one pure function of exit codes,
+reports and times (`root_cause`) that names the client the run failed
+because of; one function that words every summary line (`summary`).
+
+A client writes a report when it leaves with a failure of its own (a
+*departure*: an exception, a non-zero exit), or when its heartbeat reaches a
+verdict (whom it blames: other clients, or itself when it found itself the
+cause: it stalled, was frozen, never joined a collective).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+__all__ = ["Report", "ClientEnd", "RootCause", "root_cause", "summary", "describe_exit",
+           "CONSEQUENCE_EXIT_CODE"]
+
+# A client the heartbeat stopped because of another (jdtensor.errors'
+# PEER_FAILURE_EXIT_CODE, EX_TEMPFAIL): a consequence, never a root cause.
+CONSEQUENCE_EXIT_CODE = 75
+_REPORTED_BY = re.compile(r" \(reported by client \d+\)$")
+
+
+def describe_exit(code: int) -> str:
+  """``exited with code 3`` or ``was killed by SIGKILL``, for a return code."""
+  if code < 0:
+    try:
+      return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+      return f"was killed by signal {-code}"
+  return f"exited with code {code}"
+
+
+@dataclass(frozen=True)
+class Report:
+  """What one client told the launcher.
+
+  Attributes:
+    client: Its id.
+    culprits: Whom it blames ([itself] when it found itself the cause).
+    why: Its reason, as it printed it.
+    at: When (``time.time()``).
+    departure: A client that failed by itself telling when it left (its
+      `why` is ``failed: <exception>`` or ``exited (code n)``), rather than
+      a verdict on others.
+  """
+  client: int
+  culprits: tuple[int, ...]
+  why: str
+  at: float | None = None
+  departure: bool = False
+
+  def write(self, directory: str) -> None:
+    """Atomically, as ``client-<id>.json`` (the launcher may read at any time)."""
+    path = os.path.join(directory, f"client-{self.client}.json")
+    record = {**asdict(self), "culprits": list(self.culprits)}
+    with open(path + ".tmp", "w") as f:
+      json.dump(record, f)
+    os.replace(path + ".tmp", path)
+
+  @staticmethod
+  def read_all(directory: str) -> dict[int, Report]:
+    """Every well-formed report in `directory`, by client; others are skipped."""
+    out: dict[int, Report] = {}
+    try:
+      names = os.listdir(directory)
+    except OSError:
+      return out
+    for name in names:
+      if not (name.startswith("client-") and name.endswith(".json")):
+        continue
+      try:
+        with open(os.path.join(directory, name)) as f:
+          data = json.load(f)
+        at = data.get("at")
+        report = Report(int(data["client"]), tuple(int(c) for c in data["culprits"]),
+                        str(data["why"]),
+                        float(at) if isinstance(at, (int, float)) else None,
+                        bool(data.get("departure", False)))
+      except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        continue
+      out[report.client] = report
+    return out
+
+  @property
+  def plain(self) -> str:
+    """The reason as a summary line says it: no ``heartbeat:`` prefix, no
+    relay suffix."""
+    return _REPORTED_BY.sub("", self.why.removeprefix("heartbeat: "))
+
+  @property
+  def own_reason(self) -> str | None:
+    """Why this client failed, in its own words, when it says more than its
+    exit code: its exception, or a verdict it reached on itself."""
+    if self.departure:
+      return self.why.removeprefix("failed: ") if self.why.startswith("failed: ") else None
+    return self.plain if self.culprits == (self.client,) else None
+
+
+@dataclass(frozen=True)
+class ClientEnd:
+  """How one client ended, as the launcher saw it.
+
+  Attributes:
+    client: Its id.
+    code: Its return code (negative: killed by that signal); None: running.
+    ended_at: When the launcher saw it end (``time.time()``).
+  """
+  client: int
+  code: int | None
+  ended_at: float | None = None
+
+
+@dataclass(frozen=True)
+class RootCause:
+  """The client the run failed because of.
+
+  Attributes:
+    client: Its id.
+    what: E.g. ``client 1 exited with code 1: ZeroDivisionError: ...``.
+    own: Whether it failed by itself (else: named by the others).
+    at: When it failed (``time.time()``).
+    exit_code: What the launcher exits with.
+  """
+  client: int
+  what: str
+  own: bool
+  at: float
+  exit_code: int
+
+
+def _exit_code(code: int | None) -> int:
+  """The launcher's exit code for a client's return code (128 + signal for a
+  killed one; 1 for one whose own code was 0 or unknown)."""
+  if code is None or code == 0:
+    return 1
+  return code if code > 0 else 128 - code
+
+
+def root_cause(ends: Sequence[ClientEnd], reports: Mapping[int, Report],
+               now: float | None = None) -> RootCause | None:
+  """The root cause of a failed run, from exit codes, reports and times.
+
+  1. The earliest client that failed by itself (a non-zero code that is not
+     a consequence's 75), by its own account of when it left (client 0
+     leaves last on purpose), else by when it was seen to end; with its
+     reason when it gave one.
+  2. Else, the client the reports name most (ties: the one named by the
+     lowest reporter), with the first reporter's reason and who named it.
+  3. Else, the first client seen to end with a non-zero code.
+
+  Returns:
+    None when no client failed.
+  """
+  now = time.time() if now is None else now
+  failed = [e for e in ends if e.code not in (None, 0)]
+  if not failed:
+    return None
+
+  def failed_at(end: ClientEnd) -> float:
+    report = reports.get(end.client)
+    if report is not None and report.departure and report.at is not None:
+      return report.at
+    return end.ended_at if end.ended_at is not None else now
+  own = sorted((e for e in failed if e.code != CONSEQUENCE_EXIT_CODE),
+               key=lambda e: (failed_at(e), e.client))
+  if own:
+    end = own[0]
+    what = f"client {end.client} {describe_exit(end.code)}"  # type: ignore[arg-type]
+    report = reports.get(end.client)
+    reason = report.own_reason if report is not None else None
+    if reason:
+      what += f": {reason}"
+    return RootCause(end.client, what, True, failed_at(end), _exit_code(end.code))
+  named: dict[int, list[int]] = {}
+  for reporter, report in sorted(reports.items()):
+    if not report.departure:
+      for c in report.culprits:
+        named.setdefault(c, []).append(reporter)
+  if named:
+    client = max(named, key=lambda c: (len(named[c]), -min(named[c])))
+    why = reports[named[client][0]].plain
+    if not why.startswith(f"client {client}"):
+      why = f"client {client}: {why}"
+    others = [r for r in named[client] if r != client]
+    if others:
+      why += (f" (named by client{'s' if len(others) > 1 else ''} "
+              f"{', '.join(map(str, others))})")
+    code = next((e.code for e in ends if e.client == client), None)
+    return RootCause(client, why, False, now, _exit_code(code))
+  end = min(failed, key=lambda e: (e.ended_at if e.ended_at is not None else now,
+                                   e.client))
+  return RootCause(end.client, f"client {end.client} {describe_exit(end.code)}",  # type: ignore[arg-type]
+                   False, end.ended_at if end.ended_at is not None else now,
+                   _exit_code(end.code))
+
+
+def summary(what: str, stopped: Sequence[int] | None = None, *, node: int | None = None,
+            also: Sequence[str] = (), killed: Sequence[int] = (),
+            grace: float = 0.0) -> str:
+  """Every summary line of the launcher, one node or several.
+
+  ``jdtensor launch[ (node k)]: <what>; stopped clients 0, 2[ (clients 1
+  ignored SIGTERM for 5 s: killed)][ (also: client 3 exited with code 75)]``.
+  `stopped` None leaves the stop out (a restart's own line has it inside
+  `what`).
+  """
+  head = "jdtensor launch" + (f" (node {node})" if node is not None else "")
+  text = f"{head}: {what}"
+  if stopped is not None:
+    text += f"; stopped clients {', '.join(map(str, stopped)) or 'none'}"
+  if killed:
+    text += (f" (client{'s' if len(killed) > 1 else ''} "
+             f"{', '.join(map(str, killed))} ignored SIGTERM for {grace:g} s: killed)")
+  if also:
+    text += f" (also: {', '.join(also)})"
+  return text

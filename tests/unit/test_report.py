@@ -1,0 +1,105 @@
+"""The launcher's root cause and summary lines, from tables of cases: pure,
+no process (jdtensor._report)."""
+
+import pytest
+
+from jdtensor._report import ClientEnd, Report, root_cause, summary
+
+ZDE = "ZeroDivisionError: division by zero (train.py:42 in step)"
+
+
+def ends(*codes, at=None):
+  """ClientEnd per client: codes in client order, ended at 100 + client."""
+  return [ClientEnd(c, code, (at or {}).get(c, 100.0 + c) if code is not None else None)
+          for c, code in enumerate(codes)]
+
+
+def verdict(client, culprits, why, at=99.0):
+  return Report(client, tuple(culprits), why, at, False)
+
+
+def departure(client, why, at):
+  return Report(client, (client,), why, at, True)
+
+
+CASES = [
+    # An exception: the root cause with its reason.
+    ("exception", ends(75, 1, 75), {1: departure(1, f"failed: {ZDE}", 100.5)},
+     (1, f"client 1 exited with code 1: {ZDE}", True, 1)),
+    # Client 0 fails first by its own account and leaves last (it hosts the
+    # services): it is the root cause, not client 1 that ended first.
+    ("client-0-leaves-last", ends(1, 1, at={0: 103.0, 1: 101.0}),
+     {0: departure(0, "failed: boom", 100.2)},
+     (0, "client 0 exited with code 1: boom", True, 1)),
+    # sys.exit(3): the code says it all.
+    ("exit-3", ends(75, 3, 75), {1: departure(1, "exited (code 3)", 100.1)},
+     (1, "client 1 exited with code 3", True, 3)),
+    # A SIGKILL: no report at all.
+    ("sigkill", ends(75, -9, 75), {}, (1, "client 1 was killed by SIGKILL", True, 137)),
+    # The staller names itself (70) with its verdict.
+    ("staller", ends(75, 75, 70, 75),
+     {c: verdict(c, [2], "heartbeat: client 2 stalled: main thread in data.py:88 "
+                 "next_batch for 4 s while clients 0, 1, 3 wait in a collective"
+                 + (" (reported by client 1)" if c == 3 else "")) for c in range(4)},
+     (2, "client 2 exited with code 70: client 2 stalled: main thread in data.py:88 "
+         "next_batch for 4 s while clients 0, 1, 3 wait in a collective", True, 70)),
+    # An early sys.exit(0) with 4 clients: every survivor is a consequence
+    # (75); the root cause is the one they name, never a healthy client.
+    ("early-exit-0", ends(75, 0, 75, 75),
+     {c: verdict(c, [1], "heartbeat: client 1 exited (code 0) while the others were "
+                 "still running (clients 0, 2, 3 wait in a collective)") for c in (0, 2, 3)},
+     (1, "client 1 exited (code 0) while the others were still running (clients 0, 2, 3 "
+         "wait in a collective) (named by clients 0, 2, 3)", False, 1)),
+    # A first collective too late: the late client (70, its own verdict) is
+    # the cause, never a waiter.
+    ("late-first-collective", ends(75, 75, 75, 70),
+     {c: verdict(c, [3], "heartbeat: client 3 did not join the collective the others "
+                 "waited in within JAX's 30 s communicator set-up time") for c in range(4)},
+     (3, "client 3 exited with code 70: client 3 did not join the collective the others "
+         "waited in within JAX's 30 s communicator set-up time", True, 70)),
+    # Only consequences ended, the culprit still runs (stalled, or stopped).
+    ("culprit-still-running", ends(75, None, 75),
+     {0: verdict(0, [1], "heartbeat: client 1 missed beat 9 (last seen 8.1 s ago)"),
+      2: verdict(2, [1], "heartbeat: client 1 missed beat 9 (last seen 8.1 s ago) "
+                 "(reported by client 0)")},
+     (1, "client 1 missed beat 9 (last seen 8.1 s ago) (named by clients 0, 2)", False, 1)),
+    # Nobody reported anything: the first to end.
+    ("no-reports", ends(75, 75, at={0: 102.0, 1: 101.0}), {},
+     (1, "client 1 exited with code 75", False, 75)),
+]
+
+
+@pytest.mark.parametrize("client_ends, reports, want", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_root_cause(client_ends, reports, want):
+  got = root_cause(client_ends, reports, now=200.0)
+  assert (got.client, got.what, got.own, got.exit_code) == want
+
+
+def test_no_root_cause_when_nobody_failed():
+  assert root_cause(ends(0, 0, None), {}) is None
+
+
+@pytest.mark.parametrize("kwargs, line", [
+    (dict(what="client 1 exited with code 3", stopped=[0, 2]),
+     "jdtensor launch: client 1 exited with code 3; stopped clients 0, 2"),
+    (dict(what="client 1 exited with code 3", stopped=[], also=["client 2 exited with "
+                                                                 "code 75"]),
+     "jdtensor launch: client 1 exited with code 3; stopped clients none (also: client 2 "
+     "exited with code 75)"),
+    (dict(what="timed out after 2 s", stopped=[0, 1], killed=[0, 1], grace=1.0),
+     "jdtensor launch: timed out after 2 s; stopped clients 0, 1 (clients 0, 1 ignored "
+     "SIGTERM for 1 s: killed)"),
+    (dict(what="client 2 exited with code 1 (on node 1)", stopped=[0], node=0),
+     "jdtensor launch (node 0): client 2 exited with code 1 (on node 1); stopped clients 0"),
+], ids=["plain", "also", "killed", "node"])
+def test_summary_lines(kwargs, line):
+  assert summary(**kwargs) == line
+
+
+def test_a_report_round_trips_and_bad_files_are_skipped(tmp_path):
+  Report(2, (2,), "failed: boom", 12.5, True).write(str(tmp_path))
+  (tmp_path / "client-9.json").write_text("{not json")
+  (tmp_path / "other.txt").write_text("x")
+  assert Report.read_all(str(tmp_path)) == {2: Report(2, (2,), "failed: boom", 12.5, True)}
+  assert Report.read_all(str(tmp_path / "gone")) == {}
