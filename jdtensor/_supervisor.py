@@ -70,7 +70,10 @@ class LaunchSpec:
     device_type: CPU, GPU or TPU.
     port: First port (client k gets port + k); None picks free ports.
     timeout: Seconds before every client is stopped; None waits forever.
-    grace: Seconds between SIGTERM and SIGKILL.
+    grace: Seconds between SIGTERM and SIGKILL (default 30, torchrun's): a
+      JAX client takes SIGTERM as a preemption notice and runs on, so that
+      `multihost_utils.reached_preemption_sync_point` (orbax's
+      ``reached_preemption``) lets every client save the same step first.
     secret: The run's ``JDTENSOR_RUN_SECRET``, new for every spec: the
       clients' start-up handshake is authenticated with it, and a client of
       another run (another launch) is refused. Several nodes: the secret the
@@ -91,7 +94,7 @@ class LaunchSpec:
   device_type: str = "CPU"
   port: int | None = None
   timeout: float | None = None
-  grace: float = 5.0
+  grace: float = 30.0
   secret: str | None = field(default_factory=lambda: secrets.token_hex(32),
                              repr=False)
   nnodes: int = 1

@@ -77,8 +77,13 @@ def get_parser() -> argparse.ArgumentParser:
                       help="first port; client k uses port+k (default: free ports)")
   launch.add_argument("--timeout", type=_positive_float, default=None,
                       help="stop every client after this many seconds")
-  launch.add_argument("--grace", type=_positive_float, default=5.0,
-                      help="seconds between SIGTERM and SIGKILL (default 5)")
+  launch.add_argument("--grace", type=_positive_float, default=30.0,
+                      help="seconds between SIGTERM and SIGKILL (default 30). Every "
+                      "stop (a failure, --timeout, Ctrl-C, SIGTERM) sends SIGTERM "
+                      "first: JAX takes it as a preemption notice, so a client that "
+                      "checks multihost_utils.reached_preemption_sync_point (orbax: "
+                      "reached_preemption) can save the same step on every client "
+                      "and exit; one that does not is killed after the grace")
   nodes = launch.add_argument_group(
       "several machines", "one `jdtensor launch` per node; they meet at node 0's "
       "--coordinator (authenticated with JDTENSOR_RUN_SECRET, the same on every "

@@ -135,6 +135,10 @@ def _check_timeout(name: str, value: Any) -> float:
   return float(value)
 
 
+# A test has no checkpoint to save: its clients are stopped within seconds
+# (a JAX client takes SIGTERM as a preemption notice and runs on until killed).
+_TEST_GRACE = 5.0
+
 def run_in_multi_client(fn: Callable[..., Any], num_clients: int = 2,
                         devices_per_client: int = 1, *,
                         args: Sequence[Any] = (),
@@ -269,7 +273,8 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         (sys.executable, "-m", "jdtensor.testing._client", spec_path),
         num_clients=options.num_clients,
         devices_per_client=options.devices_per_client,
-        device_type=options.device_type.upper(), timeout=timeout)
+        device_type=options.device_type.upper(), timeout=timeout,
+        grace=_TEST_GRACE)
     out, err = _Tee(sys.stdout), _Tee(sys.stderr)
     result = launcher.launch(spec, out, err, _client_env(options))
     if result.exit_code == 128 + signal.SIGINT:

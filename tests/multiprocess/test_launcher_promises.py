@@ -171,3 +171,45 @@ def test_a_client_that_ignores_sigterm_is_named_as_killed():
   assert proc.stderr.strip().splitlines()[-1] == (
       "jdtensor launch: timed out after 2 s; stopped clients 0, 1 (clients 0, 1 "
       "ignored SIGTERM for 1 s: killed)"), proc.stderr
+
+
+PREEMPT_CLIENT = os.path.join(REPO, "tests", "multiprocess", "preempt_client.py")
+
+
+def saved_steps(out):
+  import re
+  return {int(c): int(s) for c, s in re.findall(r"^\[client (\d)\] SAVED step (\d+)$",
+                                                 out, re.M)}
+
+
+@pytest.mark.parametrize("devices", ["1", "2"])
+def test_a_preempted_client_lets_every_client_save_the_same_step(devices):
+  """SIGTERM to one client (a pod eviction): JAX's preemption service tells
+  every client; each saves at the same step and the run ends with 0."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "jdtensor", "launch", "-n", "3", "--devices-per-client",
+       devices, "--timeout", "80", "--", sys.executable, PREEMPT_CLIENT],
+      capture_output=True, text=True, timeout=120, cwd=REPO,
+      env=clean_env(PYTHONPATH=REPO, SELF_TERM="1", BAD="1", SAVE_SECONDS="1",
+                    JDTENSOR_HEARTBEAT_PERIOD="0.5"))
+  assert proc.returncode == 0, proc.stderr
+  steps = saved_steps(proc.stdout)
+  assert sorted(steps) == [0, 1, 2] and len(set(steps.values())) == 1, proc.stdout
+
+
+def test_a_launcher_stop_gives_every_client_time_to_save():
+  """--timeout's SIGTERM is a preemption notice too; the default grace (30 s,
+  torchrun's) fits a save longer than the old 5 s, and nobody is killed."""
+  start = time.monotonic()
+  proc = subprocess.run(
+      [sys.executable, "-m", "jdtensor", "launch", "-n", "3", "--timeout", "6", "--",
+       sys.executable, PREEMPT_CLIENT], capture_output=True, text=True, timeout=120,
+      cwd=REPO, env=clean_env(PYTHONPATH=REPO, SAVE_SECONDS="7",
+                              JDTENSOR_HEARTBEAT_PERIOD="0.5"))
+  took = time.monotonic() - start
+  assert proc.returncode == 124, proc.stderr
+  steps = saved_steps(proc.stdout)
+  assert sorted(steps) == [0, 1, 2] and len(set(steps.values())) == 1, proc.stdout
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "jdtensor launch: timed out after 6 s; stopped clients 0, 1, 2"), proc.stderr
+  assert 13 < took < 30, took
