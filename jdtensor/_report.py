@@ -23,12 +23,38 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 __all__ = ["Report", "ClientEnd", "RootCause", "root_cause", "summary", "describe_exit",
-           "CONSEQUENCE_EXIT_CODE"]
+           "mark_finished", "finished_clients", "CONSEQUENCE_EXIT_CODE"]
 
 # A client the heartbeat stopped because of another (jdtensor.errors'
 # PEER_FAILURE_EXIT_CODE, EX_TEMPFAIL): a consequence, never a root cause.
 CONSEQUENCE_EXIT_CODE = 75
 _REPORTED_BY = re.compile(r" \(reported by client \d+\)$")
+
+
+def mark_finished(directory: str, client: int) -> None:
+  """Records that `client` ended its script normally (it then waits for the
+  others at exit): a launcher stop after that did not stop its work."""
+  try:
+    with open(os.path.join(directory, f"client-{client}.finished"), "w"):
+      pass
+  except OSError:
+    pass  # The launcher then counts it among the stopped, as before.
+
+
+def finished_clients(directory: str) -> set[int]:
+  """The clients that ended their script normally (`mark_finished`)."""
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return set()
+  out = set()
+  for name in names:
+    if name.startswith("client-") and name.endswith(".finished"):
+      try:
+        out.add(int(name[len("client-"):-len(".finished")]))
+      except ValueError:
+        continue
+  return out
 
 
 def describe_exit(code: int) -> str:

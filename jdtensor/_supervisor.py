@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from jdtensor import _env
-from jdtensor._report import ClientEnd, Report, describe_exit, root_cause, summary
+from jdtensor._report import (ClientEnd, Report, describe_exit, finished_clients,
+                              root_cause, summary)
 from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 
@@ -504,12 +505,14 @@ class _Supervisor:
     _signal_groups(self.procs, sig)
 
   def stop_all(self) -> list[int]:
-    """SIGTERM, grace, SIGKILL; returns the ids of the clients stopped."""
+    """SIGTERM, grace, SIGKILL; returns the ids of the clients stopped: the
+    ones still running, less those that had already ended their script
+    normally (waiting at exit for the others: the stop ended no work)."""
     killed: list[int] = []
-    stopped = [self.ids[i] for i in stop_process_groups(self.procs, self.spec.grace,
-                                                        killed)]
+    running = stop_process_groups(self.procs, self.spec.grace, killed)
     self.killed += [self.ids[i] for i in killed]
-    return stopped
+    finished = finished_clients(self.report_dir)
+    return [self.ids[i] for i in running if self.ids[i] not in finished]
 
   def summary(self, what: str, stopped: Sequence[int], also: Sequence[str] = ()) -> str:
     """The summary line of this attempt (`jdtensor._report.summary`)."""

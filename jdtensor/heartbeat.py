@@ -58,7 +58,7 @@ from jdtensor._beat import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, OWN_FAILURE_EXI
                             HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE, BeatLayout,
                             Heartbeat)
 from jdtensor._departure import Departure, ExitGuard
-from jdtensor._report import Report
+from jdtensor._report import Report, mark_finished
 from jdtensor._flight import AT_EXIT, MainThreadRecorder, format_stacks, threads_inside_jax
 from jdtensor.errors import NotInitializedError
 
@@ -401,6 +401,9 @@ def _leave(departure: Departure) -> bool:
     return False
   if links is not None:
     links.announce_departure(0, departure.why, False)
+  directory = _env.read_report_dir()
+  if directory:
+    mark_finished(directory, me)
   if hb is None:
     return state.peer_failure is None
   if hb.failure is not None or hb.stopped.is_set():

@@ -213,3 +213,22 @@ def test_a_launcher_stop_gives_every_client_time_to_save():
   assert proc.stderr.strip().splitlines()[-1] == (
       "jdtensor launch: timed out after 6 s; stopped clients 0, 1, 2"), proc.stderr
   assert 13 < took < 30, took
+
+
+def test_a_client_that_had_finished_is_not_among_the_stopped():
+  """Client 3 ends its script at once and waits at exit; client 1 then
+  fails: the summary does not count client 3 as stopped."""
+  code = ("import os, sys, time, jdtensor\n"
+          "jdtensor.initialize_accelerator_system('CPU')\n"
+          "me = jdtensor.client_id()\n"
+          "if me == 1:\n"
+          "  time.sleep(3); raise ValueError('late failure')\n"
+          "if me != 3:\n"
+          "  time.sleep(30)\n")
+  res, out, err, _ = launch_clients([sys.executable, "-c", code], 4, 1, timeout=60,
+                                    JDTENSOR_HEARTBEAT_PERIOD="0.5")
+  assert res.first_failure == 1, res.reason
+  assert res.reason.startswith("jdtensor launch: client 1 exited with code 1: "
+                               "ValueError: late failure"), res.reason
+  stopped = res.reason.split("; stopped clients ", 1)[1].split(" (")[0]
+  assert "3" not in stopped.split(", "), res.reason

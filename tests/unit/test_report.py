@@ -103,3 +103,12 @@ def test_a_report_round_trips_and_bad_files_are_skipped(tmp_path):
   (tmp_path / "other.txt").write_text("x")
   assert Report.read_all(str(tmp_path)) == {2: Report(2, (2,), "failed: boom", 12.5, True)}
   assert Report.read_all(str(tmp_path / "gone")) == {}
+
+
+def test_finished_clients_are_recorded_by_marker(tmp_path):
+  from jdtensor._report import finished_clients, mark_finished
+  mark_finished(str(tmp_path), 3)
+  mark_finished(str(tmp_path), 0)
+  (tmp_path / "client-x.finished").write_text("")
+  assert finished_clients(str(tmp_path)) == {0, 3}
+  assert finished_clients(str(tmp_path / "gone")) == set()
