@@ -348,10 +348,11 @@ def _earliest(failures: list[dict[str, Any]]) -> dict[str, Any] | None:
   return own[0] if own else (failures[0] if failures else None)
 
 
-def _summary(me: int, root: str, result: _supervisor.LaunchResult) -> str:
-  stopped = [c for c, code in zip(result.client_ids, result.returncodes)
-             if code is not None and code < 0] if result.returncodes else []
-  return _report.summary(root, stopped, node=me)
+def _summary(me: int, root: str, result: _supervisor.LaunchResult, grace: float) -> str:
+  """This node's summary line: the run's root cause, and what this node's
+  stop did (the same "stopped" as one node's launcher)."""
+  return _report.summary(root, result.stopped, node=me, killed=result.killed,
+                         grace=grace)
 
 
 class _Node0:
@@ -556,7 +557,7 @@ def _run_node0(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
       timed_out = exit_code == _supervisor.EXIT_TIMEOUT  # Never restarted.
       if interrupted or group.lost or timed_out or attempt >= spec.max_restarts:
         group.broadcast({"finish": {"exit_code": exit_code, "root": root}})
-        result.reason = _summary(0, root_text, result)
+        result.reason = _summary(0, root_text, result, spec.grace)
         result.exit_code = exit_code
         result.first_failure = root.get("client") if root else None
         err.write(result.reason + "\n")
@@ -627,7 +628,7 @@ def _run_node_r(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
           root = end.get("root")
           result.first_failure = root.get("client") if root else None
           result.reason = _summary(me, _root_text(root, me) if root else
-                                   "the run failed", result)
+                                   "the run failed", result, spec.grace)
           err.write(result.reason + "\n")
           err.flush()
         return result

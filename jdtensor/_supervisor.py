@@ -164,6 +164,9 @@ class LaunchResult:
       consequence, nor by the launcher).
     failed_at: When the root cause failed (``time.time()``), if known.
     restarts: How many times the group was started again.
+    stopped: The clients the launcher's stop ended (never the root cause,
+      nor a client that had already ended its script).
+    killed: Those of them SIGKILLed after ignoring SIGTERM for the grace.
   """
   returncodes: list[int | None] = field(default_factory=list)
   pids: list[int] = field(default_factory=list)
@@ -175,6 +178,8 @@ class LaunchResult:
   own_failure: bool = False
   failed_at: float | None = None
   restarts: int = 0
+  stopped: list[int] = field(default_factory=list)
+  killed: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -460,6 +465,7 @@ class _Supervisor:
     self.last_output = 0.0  # Monotonic time of the last line written.
     self.output_closed = False  # Set when writing our output failed.
     self.killed: list[int] = []  # Clients SIGKILLed after the grace.
+    self.stopped: list[int] = []  # Clients the stop ended (see `summary`).
 
   def _pump(self, client: int, pipe: IO[bytes], sink: IO[str]) -> None:
     prefix = f"[client {client}] "
@@ -509,13 +515,17 @@ class _Supervisor:
     ones still running, less those that had already ended their script
     normally (waiting at exit for the others: the stop ended no work)."""
     killed: list[int] = []
+    # Read before the stop: a client that ends its script because of it (a
+    # preemption save, then a normal end) was stopped.
+    finished = finished_clients(self.report_dir)
     running = stop_process_groups(self.procs, self.spec.grace, killed)
     self.killed += [self.ids[i] for i in killed]
-    finished = finished_clients(self.report_dir)
     return [self.ids[i] for i in running if self.ids[i] not in finished]
 
   def summary(self, what: str, stopped: Sequence[int], also: Sequence[str] = ()) -> str:
-    """The summary line of this attempt (`jdtensor._report.summary`)."""
+    """The summary line of this attempt (`jdtensor._report.summary`); the
+    stopped clients are remembered for the nodes' own summary."""
+    self.stopped = list(stopped)
     return summary(what, stopped, also=also, killed=self.killed, grace=self.spec.grace)
 
   def _poll(self) -> list[int | None]:
@@ -628,6 +638,8 @@ class _Supervisor:
     result.returncodes = [p.poll() for p in self.procs]
     result.pids = [p.pid for p in self.procs]
     result.ended_at = [self.exit_wall.get(i) for i in range(len(self.procs))]
+    result.stopped = list(self.stopped)
+    result.killed = list(self.killed)
     return result
 
   def dump_stacks(self) -> None:
