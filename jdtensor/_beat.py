@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 import threading
 import time
@@ -47,6 +46,7 @@ import numpy as np
 
 from jdtensor import _logging as logging
 from jdtensor._flight import AT_EXIT, IN_JAX, RUNNING, WAITING
+from jdtensor._report import REPORTED_BY
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE, ConfigError, PeerFailureError
 
 __all__ = ["Heartbeat", "BeatLayout", "EXIT_CODE", "OWN_FAILURE_EXIT_CODE",
@@ -76,7 +76,6 @@ _TICK = 1.0
 # abort the moment the service is gone).
 HOST_EXIT_WAIT = 5.0
 _NOT_JOINED = 8
-_REPORTED_BY = re.compile(r" \(reported by client \d+\)$")
 
 
 def exit_grace_for(period: float) -> float:
@@ -643,7 +642,7 @@ class Heartbeat:
       return
     # Named ourselves (e.g. we were frozen, or stalled): we are the root cause.
     # Said once: a relayed report already says who reported it first.
-    if not _REPORTED_BY.search(why):
+    if not REPORTED_BY.search(why):
       why = f"{why} (reported by client {reporter})"
     self._fail(why, clients,
                exit_code=(OWN_FAILURE_EXIT_CODE if self.client_id in clients

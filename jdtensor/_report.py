@@ -28,7 +28,8 @@ __all__ = ["Report", "ClientEnd", "RootCause", "root_cause", "summary", "describ
 # A client the heartbeat stopped because of another (jdtensor.errors'
 # PEER_FAILURE_EXIT_CODE, EX_TEMPFAIL): a consequence, never a root cause.
 CONSEQUENCE_EXIT_CODE = 75
-_REPORTED_BY = re.compile(r" \(reported by client \d+\)$")
+# The suffix a relayed verdict carries (said once, by the heartbeat).
+REPORTED_BY = re.compile(r" \(reported by client \d+\)$")
 
 
 def mark_finished(directory: str, client: int) -> None:
@@ -122,7 +123,7 @@ class Report:
   def plain(self) -> str:
     """The reason as a summary line says it: no ``heartbeat:`` prefix, no
     relay suffix."""
-    return _REPORTED_BY.sub("", self.why.removeprefix("heartbeat: "))
+    return REPORTED_BY.sub("", self.why.removeprefix("heartbeat: "))
 
   @property
   def own_reason(self) -> str | None:

@@ -92,6 +92,9 @@ def test_a_gone_reader_stops_the_run():
                             stderr=subprocess.PIPE, env=clean_env(PYTHONPATH=REPO),
                             cwd=REPO)
   try:
+    import select
+    ready, _, _ = select.select([launch.stdout], [], [], 30)  # A deadline for the line.
+    assert ready, "the launcher printed nothing in 30 s"
     launch.stdout.readline()
     launch.stdout.close()  # As `| head -1` does.
     _, err = launch.communicate(timeout=30)
