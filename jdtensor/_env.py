@@ -65,6 +65,7 @@ __all__ = [
     "MAX_TIMEOUT",
     "parse_host",
     "parse_port",
+    "normalize_address",
     "parse_bind_address",
     "parse_timeout",
     "read_run_secret",
@@ -146,7 +147,9 @@ _TRUE = frozenset({"1", "true", "yes"})
 _FALSE = frozenset({"0", "false", "no"})
 # ASCII digits only: str.isdigit() accepts '²' and Arabic-Indic digits.
 _INT_RE = re.compile(r"[+-]?[0-9]{1,18}", re.ASCII)
-_PORT_RE = re.compile(r"[0-9]{1,5}", re.ASCII)
+# Leading zeros are allowed: TF's own multi-client test helper writes
+# f"localhost:{port:06d}" and TF accepts it. The value is what is checked.
+_PORT_RE = re.compile(r"[0-9]{1,16}", re.ASCII)
 _HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.%A-Za-z]+\]", re.ASCII)
 # Longest timeout accepted anywhere (a week): JAX's time-outs are C ints of
 # seconds, and "wait forever" is never what a run wants.
@@ -241,7 +244,7 @@ def parse_timeout(name: str, raw: object) -> float:
 
 
 def parse_port(name: str, raw: str, what: str) -> int:
-  """A TCP port: ASCII decimal digits, 1..65535.
+  """A TCP port: ASCII decimal digits (leading zeros allowed), 1..65535.
 
   Raises:
     ConfigError: ``{name}={raw!r}: {what} has an invalid port ...``.
@@ -355,6 +358,18 @@ def _check_host_port(entry: str, raw: str) -> None:
         "'localhost:10000,localhost:10001'.")
 
 
+def normalize_address(entry: str) -> str:
+  """A checked ``DTENSOR_JOBS`` entry as JAX and sockets want it.
+
+  ``localhost:060293`` (TF's test helper pads ports to six digits) ->
+  ``localhost:60293``; BNS entries are returned unchanged.
+  """
+  if entry.startswith("/bns/"):
+    return entry
+  host, _, port = entry.rpartition(":")
+  return f"{host}:{int(port)}"
+
+
 def parse_jobs(raw: str | None) -> list[str]:
   """Parses ``DTENSOR_JOBS``.
 
@@ -380,13 +395,17 @@ def parse_jobs(raw: str | None) -> list[str]:
           "the stray comma so that every entry is a host:port address.")
     if not entry.startswith("/bns/"):
       _check_host_port(entry, raw)
-  seen: dict[str, int] = {}
+  seen: dict[str, tuple[int, str]] = {}
   for i, entry in enumerate(entries):
-    if entry in seen:
+    address = normalize_address(entry)
+    if address in seen:
+      first, shown = seen[address]
+      twice = (f"{entry!r} twice" if shown == entry
+               else f"{address!r} twice (as {shown!r} and {entry!r})")
       raise ConfigError(
-          f"{DTENSOR_JOBS}={raw!r} lists {entry!r} twice (clients {seen[entry]} "
+          f"{DTENSOR_JOBS}={raw!r} lists {twice} (clients {first} "
           f"and {i}); every client needs its own address.")
-    seen[entry] = i
+    seen[address] = (i, entry)
   if any(e.startswith("/bns/") for e in entries):
     keys = [_bns_task_id(e) for e in entries]
     if len({type(k) for k in keys}) > 1:
@@ -507,7 +526,8 @@ class ClusterEnv:
 
   @property
   def coordinator_address(self) -> str | None:
-    return self.jobs[0] if self.jobs else None
+    """``DTENSOR_JOBS[0]`` with its port normalised (no leading zeros)."""
+    return normalize_address(self.jobs[0]) if self.jobs else None
 
 
 def read_cluster_env(environ: Mapping[str, str] | None = None,

@@ -90,10 +90,13 @@ def test_barrier_timeout_raises_instead_of_hanging():
   assert 1.4 <= time.monotonic() - start < 10
 
 
-def test_descending_ports():
-  # DTensor's harness hands out ports in descending order to catch ordering bugs.
+@pytest.mark.parametrize("form", ["{port}", "{port:06d}"],
+                         ids=["plain", "tf-helper-zero-padded"])
+def test_descending_ports(form):
+  # DTensor's harness hands out ports in descending order to catch ordering
+  # bugs, written f"localhost:{port:06d}" (multi_client_test_util.run_client).
   hi, lo = sorted([free_port(), free_port()], reverse=True)
-  jobs = [f"localhost:{hi}", f"localhost:{lo}"]
+  jobs = [f"localhost:{form.format(port=hi)}", f"localhost:{form.format(port=lo)}"]
   results = finish(start_clients("init_only", [cluster_env(jobs, c)
                                                for c in (0, 1)]), timeout=60)
   for res in results:

@@ -85,12 +85,36 @@ def test_bns_mixed_keys_is_a_clear_error_not_type_error():
     ("host:http", "entry 'host:http' has an invalid port 'http'"),
     ("ho st:1", "entry 'ho st:1' has an invalid host 'ho st'"),
     ("a:1,a:1", "lists 'a:1' twice (clients 0 and 1)"),
+    ("a:1,a:001", "lists 'a:1' twice (as 'a:1' and 'a:001') (clients 0 and 1)"),
+    ("host:0065536", "entry 'host:0065536' has an invalid port '0065536'"),
+    ("host:000000", "entry 'host:000000' has an invalid port '000000'"),
+    ("host:+123", "entry 'host:+123' has an invalid port '+123'"),
+    ("host:٠٦٠٢٩٣", "entry 'host:٠٦٠٢٩٣' has an invalid port '٠٦٠٢٩٣'"),
 ])
 def test_parse_jobs_rejects(raw, problem):
   with pytest.raises(ConfigError) as e:
     _env.parse_jobs(raw)
   assert str(e.value).startswith(f"DTENSOR_JOBS={raw!r}")
   assert problem in str(e.value)
+
+
+def test_tf_test_helpers_zero_padded_ports_are_accepted_and_normalised():
+  # TF's multi_client_test_util writes f"localhost:{port:06d}" for ports
+  # sorted in descending order; TF accepts them and so do we.
+  ports = sorted([60293, 37339, 8080], reverse=True)
+  raw = ",".join(f"localhost:{port:06d}" for port in ports)
+  assert raw == "localhost:060293,localhost:037339,localhost:008080"
+  # jobs() is DTensor's config.jobs(): the entries as given.
+  assert _env.parse_jobs(raw) == ["localhost:060293", "localhost:037339",
+                                  "localhost:008080"]
+  env = _env.read_cluster_env({"DTENSOR_JOBS": raw, "DTENSOR_CLIENT_ID": "1"})
+  # What JAX is given: the value, without the zeros.
+  assert env.coordinator_address == "localhost:60293"
+  assert [_env.normalize_address(e) for e in env.jobs] == [
+      "localhost:60293", "localhost:37339", "localhost:8080"]
+  assert _env.normalize_address("[::1]:000443") == "[::1]:443"
+  assert _env.normalize_address("/bns/a/1:p") == "/bns/a/1:p"
+  assert _env.parse_bind_address("X", ":08080") == (None, 8080)
 
 
 def test_num_clients_counts_jobs():
