@@ -87,6 +87,10 @@ __all__ = [
     "read_timeouts",
     "read_bind_override",
     "read_cpu_device_count",
+    "process_environ",
+    "cpu_device_count_setting",
+    "resolve_cpu_device_count",
+    "without_cpu_device_count",
     "read_report_dir",
     "read_legacy_num_clients",
     "read_seed_job_name",
@@ -158,6 +162,11 @@ MAX_TIMEOUT = 7 * 24 * 3600.0
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
   return os.environ if environ is None else environ
+
+
+def process_environ() -> Mapping[str, str]:
+  """This process's environment (``os.environ``), for code that hands it on."""
+  return os.environ
 
 
 def parse_bool(name: str, raw: str) -> bool:
@@ -631,16 +640,89 @@ def read_bind_override(argument: object = None,
   return None, None
 
 
-def read_cpu_device_count(environ: Mapping[str, str] | None = None) -> int | None:
-  """The CPU device count the environment gives JAX: ``JAX_NUM_CPU_DEVICES``,
-  else XLA's ``--xla_force_host_platform_device_count``; None if neither
-  (JAX's own reading: a value that is not a positive integer is ignored)."""
+def cpu_device_count_setting(environ: Mapping[str, str] | None = None
+                             ) -> tuple[int, str] | None:
+  """The CPU device count the environment gives JAX, and where it is set.
+
+  JAX's own reading and precedence: ``JAX_NUM_CPU_DEVICES``, else XLA's
+  ``--xla_force_host_platform_device_count`` in ``XLA_FLAGS``; a value that
+  is not a positive integer is ignored.
+
+  Returns:
+    (count, ``"NAME='value'"``), or None if neither is set.
+  """
   env = _environ(environ)
   raw = env.get(JAX_NUM_CPU_DEVICES, "").strip()
   if raw.isascii() and raw.isdigit() and 0 < int(raw) <= 1 << 20:
-    return int(raw)
+    return int(raw), f"{JAX_NUM_CPU_DEVICES}={env[JAX_NUM_CPU_DEVICES]!r}"
   match = _DEVICE_COUNT_FLAG.search(env.get(_XLA_FLAGS, ""))
-  return int(match.group(1)) if match and 0 < int(match.group(1)) <= 1 << 20 else None
+  if match and 0 < int(match.group(1)) <= 1 << 20:
+    return int(match.group(1)), f"{_XLA_FLAGS}={env[_XLA_FLAGS]!r}"
+  return None
+
+
+def read_cpu_device_count(environ: Mapping[str, str] | None = None) -> int | None:
+  """The CPU device count the environment gives JAX (see
+  `cpu_device_count_setting`); None if it sets none."""
+  setting = cpu_device_count_setting(environ)
+  return setting[0] if setting else None
+
+
+def without_cpu_device_count(environ: Mapping[str, str]) -> dict[str, str]:
+  """`environ` without its CPU device count (``JAX_NUM_CPU_DEVICES`` and the
+  flag in ``XLA_FLAGS``; XLA's other flags are kept)."""
+  env = dict(environ)
+  env.pop(JAX_NUM_CPU_DEVICES, None)
+  if _XLA_FLAGS in env:
+    flags = _DEVICE_COUNT_FLAG.sub("", env[_XLA_FLAGS]).split()
+    if flags:
+      env[_XLA_FLAGS] = " ".join(flags)
+    else:
+      del env[_XLA_FLAGS]
+  return env
+
+
+def resolve_cpu_device_count(requested: int | None, argument: str,
+                             environ: Mapping[str, str] | None = None
+                             ) -> int | None:
+  """One CPU device count from an explicit argument and the environment.
+
+  The rule for `jdtensor launch`, `jdtensor.testing` and
+  `initialize_accelerator_system`: the argument when given, else the count the
+  environment gives JAX (``JAX_NUM_CPU_DEVICES``, ``XLA_FLAGS``'s
+  ``--xla_force_host_platform_device_count``), else None (JAX's default: 1).
+
+  Args:
+    requested: The explicit count, or None.
+    argument: How the caller spells the argument (``--devices-per-client``,
+      ``num_logical_cpu_devices``), for the error.
+    environ: The environment the JAX process will read.
+
+  Raises:
+    ConfigError: If both are given and differ, naming both, or if
+      ``JAX_NUM_CPU_DEVICES`` is set to something JAX refuses.
+  """
+  env = _environ(environ)
+  raw = env.get(JAX_NUM_CPU_DEVICES)
+  # JAX's reading: an int; negative means its default; 0 fails the backend.
+  if raw is not None and (not _INT_RE.fullmatch(raw.strip()) or int(raw) == 0):
+    raise ConfigError(
+        f"{JAX_NUM_CPU_DEVICES}={raw!r} in the environment is not a CPU device "
+        "count (JAX refuses it when it is imported); set a positive integer, "
+        f"or unset it and give {argument}.")
+  setting = cpu_device_count_setting(env)
+  if setting is None:
+    return requested
+  count, where = setting
+  if requested is None or requested == count:
+    return count
+  shown = f"{argument} {requested}" if argument.startswith("-") else (
+      f"{argument}={requested}")
+  raise ConfigError(
+      f"{shown} conflicts with {where} in the environment, "
+      f"which gives JAX {count} CPU device(s) per process; give the count once: "
+      f"drop {argument} to use the environment's {count}, or remove the device "
+      "count from the environment.")
 
 
 def read_report_dir(environ: Mapping[str, str] | None = None) -> str | None:

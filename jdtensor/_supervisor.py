@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -67,7 +68,10 @@ class LaunchSpec:
   Attributes:
     command: The command every client runs.
     num_clients: Number of client processes.
-    devices_per_client: Simulated CPU devices per client (CPU runs).
+    devices_per_client: Simulated CPU devices per client (CPU runs). None:
+      the count the clients' environment gives JAX (``JAX_NUM_CPU_DEVICES``
+      or ``XLA_FLAGS``'s ``--xla_force_host_platform_device_count``), else
+      JAX's default of 1; a count given both ways must agree (`resolved`).
     device_type: CPU, GPU or TPU.
     port: First port (client k gets port + k); None picks free ports.
     timeout: Seconds before every client is stopped; None waits forever.
@@ -91,7 +95,7 @@ class LaunchSpec:
   """
   command: tuple[str, ...]
   num_clients: int = 2
-  devices_per_client: int = 1
+  devices_per_client: int | None = None
   device_type: str = "CPU"
   port: int | None = None
   timeout: float | None = None
@@ -110,7 +114,7 @@ class LaunchSpec:
                        "client runs, e.g. `jdtensor launch -n 2 -- python train.py`.")
     if self.num_clients < 1:
       raise ValueError(f"num_clients must be >= 1, got {self.num_clients}.")
-    if self.devices_per_client < 1:
+    if self.devices_per_client is not None and self.devices_per_client < 1:
       raise ValueError(
           f"devices_per_client must be >= 1, got {self.devices_per_client}.")
     if self.device_type.upper() not in DEVICE_TYPES:
@@ -142,6 +146,21 @@ class LaunchSpec:
       _env.parse_host("node_address", self.node_address, self.node_address)
     if not 0 <= self.max_restarts <= 1000:
       raise ValueError(f"max_restarts must be 0..1000, got {self.max_restarts}.")
+
+
+  def resolved(self, environ: Mapping[str, str], argument: str = "devices_per_client"
+               ) -> LaunchSpec:
+    """This spec with its CPU device count taken from `environ` when not
+    given (see `_env.resolve_cpu_device_count`); other device types as is.
+
+    Raises:
+      ConfigError: If `devices_per_client` and the environment's count differ.
+    """
+    if self.device_type.upper() != "CPU":
+      return self
+    count = _env.resolve_cpu_device_count(self.devices_per_client, argument, environ)
+    return self if count == self.devices_per_client else dataclasses.replace(
+        self, devices_per_client=count)
 
 
 @dataclass
@@ -267,7 +286,8 @@ def worker_env(spec: LaunchSpec, client: int, ports: Sequence[int],
   env[_env.JDTENSOR_RESTART_COUNT] = str(attempt.restart_count)
   if spec.device_type.upper() == "CPU":
     env["JAX_PLATFORMS"] = "cpu"
-    env[_env.JAX_NUM_CPU_DEVICES] = str(spec.devices_per_client)
+    if spec.devices_per_client is not None:
+      env[_env.JAX_NUM_CPU_DEVICES] = str(spec.devices_per_client)
   env.setdefault("PYTHONUNBUFFERED", "1")
   return env
 

@@ -92,8 +92,12 @@ def initialize_accelerator_system(
     enable_coordination_service: Kept for DTensor compatibility; JAX always
       uses its coordination service.
     num_logical_cpu_devices: Number of CPU devices for this client (JAX's
-      ``jax_num_cpu_devices``). For GPU/TPU it defaults to at least the
-      accelerator count, as in DTensor.
+      ``jax_num_cpu_devices``). Not given: the count the environment gives
+      JAX (``JAX_NUM_CPU_DEVICES``, ``XLA_FLAGS``'s
+      ``--xla_force_host_platform_device_count``, as `jdtensor launch`
+      ``--devices-per-client`` sets it), else 1; given, it must agree with
+      that count (``ConfigError`` naming both). For GPU/TPU it defaults to at
+      least the accelerator count, as in DTensor.
     experimental_reset_context: JAX cannot reset a running backend; with
       True, a running backend is kept (with DTensor's warning) instead of
       being an error (single-client only).
@@ -238,6 +242,9 @@ def _plan(device_type: Any, num_logical_cpu_devices: Any,
     raise ValueError("num_logical_cpu_devices must be a positive int, got "
                      f"{num_logical_cpu_devices!r}.")
   cpu_devices = num_logical_cpu_devices
+  if device_type == "CPU" and cpu_devices is not None:
+    # The count the environment gives JAX must agree (the launcher's rule).
+    _env.resolve_cpu_device_count(cpu_devices, "num_logical_cpu_devices")
   simulated = read_simulated_topology() if device_type == "TPU" else None
   if simulated is not None:
     cpu_devices = _simulated_cpu_devices(simulated, cluster, cpu_devices)

@@ -69,8 +69,11 @@ def get_parser() -> argparse.ArgumentParser:
       "fails. Example: jdtensor launch -n 4 --devices-per-client 2 -- python train.py")
   launch.add_argument("-n", "--num-clients", type=_positive_int, default=2,
                       help="number of clients (default 2)")
-  launch.add_argument("--devices-per-client", type=_positive_int, default=1,
-                      help="simulated CPU devices per client (default 1)")
+  launch.add_argument("--devices-per-client", type=_positive_int, default=None,
+                      help="simulated CPU devices per client (default: the count "
+                      "the environment gives JAX, JAX_NUM_CPU_DEVICES or XLA_FLAGS="
+                      "--xla_force_host_platform_device_count=N, else 1; given "
+                      "both ways, they must agree)")
   launch.add_argument("--device-type", default="CPU", type=str.upper,
                       choices=list(DEVICE_TYPES), help="default CPU")
   launch.add_argument("--port", type=_positive_int, default=None,
@@ -159,7 +162,8 @@ def _launch(args: argparse.Namespace) -> int:
         port=args.port, timeout=args.timeout, grace=args.grace,
         nnodes=args.nnodes, node_rank=args.node_rank,
         coordinator=args.coordinator, node_address=args.node_address,
-        max_restarts=args.max_restarts, **extra)
+        max_restarts=args.max_restarts, **extra).resolved(
+            _env.process_environ(), "--devices-per-client")
   except (ConfigError, ValueError) as e:
     print(f"jdtensor launch: {e}", file=sys.stderr)
     return 2
@@ -185,7 +189,10 @@ def _demo(args: argparse.Namespace) -> int:
       command=tuple(command), num_clients=_DEMO_CLIENTS,
       devices_per_client=_DEMO_DEVICES, timeout=args.timeout,
       max_restarts=args.max_restarts)
-  result = launcher.launch(spec)
+  # The demo's mesh needs its own device count, whatever the shell sets.
+  from jdtensor import _env  # pylint: disable=g-import-not-at-top
+  result = launcher.launch(
+      spec, env=_env.without_cpu_device_count(_env.process_environ()))
   print("OK" if result.exit_code == 0 else "FAILED", flush=True)
   return result.exit_code
 

@@ -59,10 +59,15 @@ def launch(spec: LaunchSpec, out: IO[str] | None = None,
 
   Returns:
     How the clients ended; the summary line is also written to `err`.
+
+  Raises:
+    ConfigError: If `spec.devices_per_client` conflicts with the CPU device
+      count `env` gives JAX (see `LaunchSpec.resolved`).
   """
   out = out or sys.stdout
   err = err or sys.stderr
   base = os.environ if env is None else env
+  spec = spec.resolved(base)
   with Signals(Interrupt()) as signals:
     if spec.nnodes == 1 and spec.max_restarts == 0:
       return run_attempt(spec, Attempt.local(spec), out, err, base, signals)

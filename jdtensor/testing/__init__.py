@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from jdtensor import _env, launcher
 from jdtensor.device_spec import DEVICE_TYPES
-from jdtensor.errors import PEER_FAILURE_EXIT_CODE
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE, ConfigError
 from jdtensor.testing import _transport
 
 __all__ = ["multi_client", "run_in_multi_client", "MultiClientTestError",
@@ -85,7 +85,7 @@ class MultiClientOptions:
   `DEFAULT_TIMEOUT`.
   """
   num_clients: int = 2
-  devices_per_client: int = 1
+  devices_per_client: int | None = None
   timeout: float | None = None
   device_type: str = "CPU"
   env: Mapping[str, str] | None = None
@@ -94,6 +94,8 @@ class MultiClientOptions:
     for name, low, high in (("num_clients", 1, MAX_CLIENTS),
                             ("devices_per_client", 1, 4096)):
       value = getattr(self, name)
+      if value is None and name == "devices_per_client":
+        continue
       if isinstance(value, bool) or not isinstance(value, int) or not (
           low <= value <= high):
         raise ValueError(f"multi_client: {name} must be an int in {low}..{high}, "
@@ -118,13 +120,19 @@ class MultiClientOptions:
         raise ValueError(f"multi_client: env sets {', '.join(owned)}, which the "
                          "runner sets for each client; use num_clients, "
                          "devices_per_client and device_type instead.")
+    if self.device_type.upper() == "CPU":
+      # A count in `env` is this test's; it must agree with devices_per_client.
+      try:
+        _env.resolve_cpu_device_count(self.devices_per_client,
+                                      "devices_per_client", self.env or {})
+      except ConfigError as e:
+        raise ConfigError(f"multi_client: {e}") from None
 
 
 # Set per client by the launcher; a test cannot choose them.
 _LAUNCHER_OWNED = frozenset({
     _env.DTENSOR_CLIENT_ID, _env.DTENSOR_NUM_CLIENTS, _env.DTENSOR_JOB_NAME,
-    _env.DTENSOR_JOBS, _env.JDTENSOR_RUN_SECRET, _env.JDTENSOR_REPORT_DIR,
-    _env.JAX_NUM_CPU_DEVICES})
+    _env.DTENSOR_JOBS, _env.JDTENSOR_RUN_SECRET, _env.JDTENSOR_REPORT_DIR})
 
 
 def _check_timeout(name: str, value: Any) -> float:
@@ -140,7 +148,7 @@ def _check_timeout(name: str, value: Any) -> float:
 _TEST_GRACE = 5.0
 
 def run_in_multi_client(fn: Callable[..., Any], num_clients: int = 2,
-                        devices_per_client: int = 1, *,
+                        devices_per_client: int | None = None, *,
                         args: Sequence[Any] = (),
                         kwargs: Mapping[str, Any] | None = None,
                         device_type: str = "CPU",
@@ -157,7 +165,12 @@ def run_in_multi_client(fn: Callable[..., Any], num_clients: int = 2,
       is imported in every client; a script's ``if __name__ == "__main__":``
       block does not run there.
     num_clients: Number of clients (1..64).
-    devices_per_client: Simulated CPU devices per client.
+    devices_per_client: Simulated CPU devices per client. None (the
+      default): the count `env` gives JAX (``JAX_NUM_CPU_DEVICES`` or
+      ``XLA_FLAGS``'s ``--xla_force_host_platform_device_count``), else this
+      process's environment's, else 1. Given, it overrides this process's
+      count (that one is the test process's own) and must agree with
+      `env`'s (``ConfigError`` otherwise).
     args: Positional arguments for `fn` (picklable).
     kwargs: Keyword arguments for `fn` (picklable).
     device_type: ``CPU``, ``GPU`` or ``TPU``.
@@ -185,7 +198,7 @@ def run_in_multi_client(fn: Callable[..., Any], num_clients: int = 2,
 
 
 def multi_client(num_clients: int | Callable[..., Any] = 2,
-                 devices_per_client: int = 1, timeout: float | None = None,
+                 devices_per_client: int | None = None, timeout: float | None = None,
                  device_type: str = "CPU",
                  env: Mapping[str, str] | None = None) -> Any:
   """Runs the decorated pytest test's body in `num_clients` client processes.
@@ -199,7 +212,12 @@ def multi_client(num_clients: int | Callable[..., Any] = 2,
 
   Args:
     num_clients: Number of clients (1..64).
-    devices_per_client: Simulated CPU devices per client.
+    devices_per_client: Simulated CPU devices per client. None (the
+      default): the count `env` gives JAX (``JAX_NUM_CPU_DEVICES`` or
+      ``XLA_FLAGS``'s ``--xla_force_host_platform_device_count``), else this
+      process's environment's, else 1. Given, it overrides this process's
+      count (that one is the test process's own) and must agree with
+      `env`'s (``ConfigError`` otherwise).
     timeout: Seconds for the whole test; default ``--jdtensor-timeout``, else
       `DEFAULT_TIMEOUT` (120).
     device_type: ``CPU``, ``GPU`` or ``TPU``.
@@ -292,6 +310,10 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
 def _client_env(options: MultiClientOptions) -> dict[str, str]:
   import jdtensor  # pylint: disable=g-import-not-at-top
   env = dict(os.environ)
+  if options.devices_per_client is not None or _env.read_cpu_device_count(
+      options.env or {}) is not None:
+    # The test's own count wins over the one this (pytest) process was given.
+    env = _env.without_cpu_device_count(env)
   # The clients import jdtensor from where this process did.
   root = os.path.dirname(os.path.dirname(os.path.abspath(jdtensor.__file__)))
   env["PYTHONPATH"] = os.pathsep.join(

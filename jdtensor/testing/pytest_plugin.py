@@ -1,6 +1,6 @@
 """jdtensor's pytest plugin (registered with pytest's ``pytest11`` entry point).
 
-* ``@pytest.mark.multi_client(num_clients=2, devices_per_client=1,
+* ``@pytest.mark.multi_client(num_clients=2, devices_per_client=None,
   timeout=None, device_type="CPU", env=None)``: the test body runs in
   `num_clients` client processes, as with `jdtensor.testing.multi_client`
   (positional arguments: num_clients, devices_per_client).
@@ -25,7 +25,7 @@ from jdtensor import testing
 
 _MARKER = "multi_client"
 _MARKER_HELP = (
-    "multi_client(num_clients=2, devices_per_client=1, timeout=None, "
+    "multi_client(num_clients=2, devices_per_client=None, timeout=None, "
     "device_type='CPU', env=None): run the test body in num_clients fresh "
     "jdtensor client processes (see jdtensor.testing).")
 

@@ -79,7 +79,9 @@ def test_heartbeat_and_flags(env):
 
 
 def test_local_devices(env):
-  # conftest configures 8 simulated CPU devices.
+  # 8 simulated CPU devices, read from the environment (no backend starts);
+  # the jax_single tests' in-process JAX is configured for 8 as well.
+  env(JAX_NUM_CPU_DEVICES="8")
   devices = jdtensor.local_devices("cpu")
   assert devices == [DeviceSpec("localhost", 0, 0, "CPU", i) for i in range(8)]
   assert devices[1].to_string() == "/job:localhost/replica:0/task:0/device:CPU:1"

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from jdtensor import launcher
+from jdtensor import _env, launcher
+from jdtensor.errors import ConfigError
 
 
 def test_worker_env_is_dtensor_env():
@@ -55,3 +56,75 @@ def test_held_ports_are_never_handed_out_again_until_released():
   finally:
     held.release()
   assert len(set(held.ports)) == 4 and held.ports == sorted(held.ports)
+
+
+# -- the device-count rule: the argument, else the environment's, else JAX's 1 --
+
+_FLAG8 = "--xla_force_host_platform_device_count=8"
+
+
+@pytest.mark.parametrize("requested,environ,count", [
+    (None, {}, None),  # JAX's default (1); the launcher sets nothing.
+    (2, {}, 2),
+    (None, {"XLA_FLAGS": _FLAG8}, 8),
+    (None, {"XLA_FLAGS": f"--xla_cpu_use_thunk_runtime=true {_FLAG8}"}, 8),
+    (None, {"JAX_NUM_CPU_DEVICES": "4"}, 4),
+    # JAX's precedence: JAX_NUM_CPU_DEVICES over the XLA flag.
+    (None, {"JAX_NUM_CPU_DEVICES": "4", "XLA_FLAGS": _FLAG8}, 4),
+    (8, {"XLA_FLAGS": _FLAG8}, 8),  # Given both ways, agreeing.
+    (2, {"JAX_NUM_CPU_DEVICES": "2"}, 2),
+    (None, {"JAX_NUM_CPU_DEVICES": "-1"}, None),  # JAX's own "default".
+    (3, {"JAX_NUM_CPU_DEVICES": "-1"}, 3),
+], ids=["default", "argument", "xla-flags", "xla-flags-among-others",
+        "jax-num-cpu-devices", "jax-var-wins-over-flag", "both-agree-flag",
+        "both-agree-var", "jax-default", "jax-default-and-argument"])
+def test_the_device_count_rule(requested, environ, count):
+  spec = launcher.LaunchSpec(command=("x",), devices_per_client=requested)
+  resolved = spec.resolved(environ)
+  assert resolved.devices_per_client == count
+  env = launcher.worker_env(resolved, 0, [7001, 7002], environ)
+  if count is None:  # Nothing set: JAX's default of 1.
+    assert env.get("JAX_NUM_CPU_DEVICES") == environ.get("JAX_NUM_CPU_DEVICES")
+  elif requested is not None:
+    assert env["JAX_NUM_CPU_DEVICES"] == str(count)
+  else:  # The user's own setting reaches the client untouched.
+    assert {k: env[k] for k in environ} == environ
+
+
+@pytest.mark.parametrize("environ,where", [
+    ({"XLA_FLAGS": _FLAG8}, f"XLA_FLAGS='{_FLAG8}'"),
+    ({"JAX_NUM_CPU_DEVICES": "8"}, "JAX_NUM_CPU_DEVICES='8'"),
+])
+def test_a_device_count_given_twice_differently_is_an_error_naming_both(environ,
+                                                                        where):
+  spec = launcher.LaunchSpec(command=("x",), devices_per_client=2)
+  with pytest.raises(ConfigError) as e:
+    spec.resolved(environ, "--devices-per-client")
+  assert str(e.value) == (
+      f"--devices-per-client 2 conflicts with {where} in the environment, which "
+      "gives JAX 8 CPU device(s) per process; give the count once: drop "
+      "--devices-per-client to use the environment's 8, or remove the device "
+      "count from the environment.")
+  with pytest.raises(ConfigError, match=r"^devices_per_client=2 conflicts with "):
+    spec.resolved(environ)
+  # Another device type has no CPU device count to resolve.
+  gpu = launcher.LaunchSpec(command=("x",), devices_per_client=2, device_type="GPU")
+  assert gpu.resolved(environ) is gpu
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "", "٤", "2.5"])
+def test_a_jax_num_cpu_devices_jax_refuses_is_refused_before_any_client(raw):
+  spec = launcher.LaunchSpec(command=("x",))
+  with pytest.raises(ConfigError) as e:
+    spec.resolved({"JAX_NUM_CPU_DEVICES": raw}, "--devices-per-client")
+  assert str(e.value) == (
+      f"JAX_NUM_CPU_DEVICES={raw!r} in the environment is not a CPU device count "
+      "(JAX refuses it when it is imported); set a positive integer, or unset "
+      "it and give --devices-per-client.")
+
+
+def test_without_cpu_device_count_keeps_xla_s_other_flags():
+  assert _env.without_cpu_device_count(
+      {"XLA_FLAGS": f"--a=1 {_FLAG8} --b", "JAX_NUM_CPU_DEVICES": "3", "K": "v"}
+  ) == {"XLA_FLAGS": "--a=1 --b", "K": "v"}
+  assert _env.without_cpu_device_count({"XLA_FLAGS": _FLAG8}) == {}

@@ -75,6 +75,13 @@ def test_what_cannot_travel_says_why():
                                        "the runner sets for each client; use "
                                        "num_clients, devices_per_client and "
                                        "device_type instead."),
+    ({"devices_per_client": 2, "env": {"XLA_FLAGS":
+                                       "--xla_force_host_platform_device_count=4"}},
+     "multi_client: devices_per_client=2 conflicts with XLA_FLAGS="
+     "'--xla_force_host_platform_device_count=4' in the environment, which gives "
+     "JAX 4 CPU device(s) per process; give the count once: drop "
+     "devices_per_client to use the environment's 4, or remove the device count "
+     "from the environment."),
 ])
 def test_bad_options_are_refused_when_the_test_is_defined(kwargs, message):
   with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
