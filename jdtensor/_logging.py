@@ -1,17 +1,19 @@
-"""jdtensor's log calls: absl logging when the application uses absl.
+"""jdtensor's log calls: one logger, ``jdtensor``, whoever imported absl.
 
-DTensor logs through absl. Importing ``absl.logging`` costs a client about
-0.1-0.2 s of CPU at start-up (JAX itself does not import it), so jdtensor
-routes each call at call time: to ``absl.logging`` when the application has
-imported it (the lines then carry absl's format, flags and verbosity), and to
-the standard ``jdtensor`` logger otherwise. It never creates the ``absl``
-logger itself, which would stop absl from installing its own logger class.
+DTensor logs through absl. jdtensor logs through the standard ``jdtensor``
+logger only, so that its lines (the heartbeat's verdicts among them) look the
+same whether or not something in the process imported ``absl.logging``
+(orbax, flax and TF do): calling ``absl.logging`` before absl is initialised
+runs ``logging.basicConfig()`` on the application's root logger and prints
+``ERROR:absl:...``. An application that runs under ``absl.app.run`` (or calls
+``absl.logging.use_absl_handler()``) has absl's handler on the root logger,
+and jdtensor's lines then carry absl's format and verbosity like any other
+standard logger's: that is the application's choice, not an import's.
 """
 
 from __future__ import annotations
 
 import logging as _logging
-import sys
 from typing import Any
 
 __all__ = ["info", "warning", "error", "vlog"]
@@ -23,38 +25,9 @@ _logger = _logging.getLogger("jdtensor")
 _STANDARD = {0: _logging.INFO, -1: _logging.WARNING, -2: _logging.ERROR}
 
 
-_absl_frames_skipped = False
-
-
-def _ready_absl() -> Any:
-  """``absl.logging`` if the application imported it and it is fully loaded.
-
-  Another thread may be importing it right now: a module being imported is
-  already in ``sys.modules`` but half-built (its spec says ``_initializing``),
-  and touching it raises ``AttributeError`` (seen when a user imported absl
-  right after initialisation while the heartbeat thread logged).
-  """
-  absl = sys.modules.get("absl.logging")
-  if absl is None or getattr(getattr(absl, "__spec__", None), "_initializing",
-                             False):
-    return None
-  return absl
-
-
 def _log(absl_level: int, msg: str, args: tuple[Any, ...]) -> None:
-  global _absl_frames_skipped
-  absl = _ready_absl()
-  if absl is not None:
-    try:
-      if not _absl_frames_skipped:  # So that absl names jdtensor's caller.
-        for name in ("_log", "info", "warning", "error", "vlog"):
-          absl.ABSLLogger.register_frame_to_skip(__file__, name)
-        _absl_frames_skipped = True
-      absl.log(absl_level, msg, *args)
-      return
-    except AttributeError:  # Half-built after all: use the standard logger.
-      pass
   level = _STANDARD.get(absl_level, _logging.DEBUG - (absl_level - 1))
+  # stacklevel: the record (and absl's handler) names jdtensor's caller.
   _logger.log(level, msg, *args, stacklevel=3)
 
 
