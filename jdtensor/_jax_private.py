@@ -6,8 +6,9 @@ JAX's public API has no way to (a) read the coordination-service client that
 collective on a runtime that JAX's backend registry never sees. jdtensor needs
 all four, so they live here, behind small functions, and nowhere else.
 
-Tested range: jax and jaxlib ``>=0.10.2,<0.11`` (``pyproject.toml``). On a
-JAX upgrade, run the multi-process tests (README, "Testing a new JAX").
+Tested range: jax and jaxlib `TESTED_RANGE` (``pyproject.toml`` pins the
+same; CI runs the suite on the oldest and the newest). On a JAX upgrade, run
+the multi-process tests (README, "Testing a new JAX").
 
 Importing this module imports jax; only runtime code imports it, lazily.
 Each symbol is looked up once, here, at import. What is missing is listed in
@@ -100,6 +101,10 @@ MISSING: tuple[str, ...] = tuple(sorted(
      if _FOUND[name] is None}))
 
 
+# The jax/jaxlib versions the whole suite passes on (pyproject.toml's pin).
+TESTED_RANGE = ">=0.9.2,<0.11"
+
+
 class PrivateApiUnavailable(RuntimeError):
   """This jax/jaxlib lacks a private symbol jdtensor needs for a feature."""
 
@@ -110,7 +115,7 @@ def _need(names: dict[str, str], what: str) -> None:
     raise PrivateApiUnavailable(
         f"{what} needs {', '.join(gone)}, which jax {jax.__version__} / jaxlib "
         f"{JAXLIB_VERSION} does not have (jdtensor is tested with jax and "
-        "jaxlib >=0.10.2,<0.11).")
+        f"jaxlib {TESTED_RANGE}).")
 
 
 def unavailable_reason() -> str | None:

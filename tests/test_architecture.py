@@ -292,3 +292,14 @@ def test_environment_names_and_reads_live_in_env():
     reads = "os.environ" in set(_dotted_names(tree))
     assert not reads or name in ("launcher.py", "testing/__init__.py",
                                  "cluster.py"), name
+
+
+def test_the_tested_jax_range_is_pinned_once():
+  """pyproject.toml pins exactly `_jax_private.TESTED_RANGE` (what the warning
+  for a missing private symbol quotes), and CI tests its lower end."""
+  tree = ast.parse((PACKAGE / "_jax_private.py").read_text())
+  tested = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                and getattr(node.targets[0], "id", None) == "TESTED_RANGE")
+  pyproject = (PACKAGE.parent / "pyproject.toml").read_text()
+  assert f'"jax{tested}"' in pyproject and f'"jaxlib{tested}"' in pyproject
+  assert "tests/other_envs.sh" in (PACKAGE.parent / "README.md").read_text()

@@ -212,12 +212,8 @@ def multi_client(num_clients: int | Callable[..., Any] = 2,
 
   Args:
     num_clients: Number of clients (1..64).
-    devices_per_client: Simulated CPU devices per client. None (the
-      default): the count `env` gives JAX (``JAX_NUM_CPU_DEVICES`` or
-      ``XLA_FLAGS``'s ``--xla_force_host_platform_device_count``), else this
-      process's environment's, else 1. Given, it overrides this process's
-      count (that one is the test process's own) and must agree with
-      `env`'s (``ConfigError`` otherwise).
+    devices_per_client: Simulated CPU devices per client; None (the
+      default) as in `run_in_multi_client`.
     timeout: Seconds for the whole test; default ``--jdtensor-timeout``, else
       `DEFAULT_TIMEOUT` (120).
     device_type: ``CPU``, ``GPU`` or ``TPU``.

@@ -97,8 +97,13 @@ def test_descending_ports(form):
   # bugs, written f"localhost:{port:06d}" (multi_client_test_util.run_client).
   hi, lo = sorted([free_port(), free_port()], reverse=True)
   jobs = [f"localhost:{form.format(port=hi)}", f"localhost:{form.format(port=lo)}"]
-  results = finish(start_clients("init_only", [cluster_env(jobs, c)
-                                               for c in (0, 1)]), timeout=60)
+  # With the rest of what that helper sets (slice_host_devices_for_multiworker
+  # and multi_client_test.client_config_function).
+  tf_helper = lambda c: {"CUDA_VISIBLE_DEVICES": str(c), "HIP_VISIBLE_DEVICES": str(c),
+                         "CLOUD_TPU_TASK_ID": str(c), "DTENSOR_JOB_NAME": "worker"}
+  results = finish(start_clients("init_only", [
+      cluster_env(jobs, c, **(tf_helper(c) if "06d" in form else {}))
+      for c in (0, 1)]), timeout=60)
   for res in results:
     assert res.returncode == 0, res.stdout + res.stderr
     assert 'RESULT initialized=true' in res.stdout

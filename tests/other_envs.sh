@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The suite's two other environments, each in its own throw-away virtual
+# environment (the README's test command runs this after the main suite):
+#
+# 1. The oldest supported JAX (the lower end of pyproject.toml's pin, also
+#    `_jax_private.TESTED_RANGE`): the pure, single-process and start-up
+#    tests, and the multi-client tests that touch each private JAX symbol
+#    (start-up, the heartbeat and its private runtime, failure verdicts,
+#    JAX's own view). The full suite passes there too (measured; see README,
+#    "Supported JAX versions"), but twice the full suite would not fit CI's
+#    30 minutes on 2 cores.
+# 2. The integration extra (flax, optax, orbax, Keras 3, grain: never
+#    jdtensor's dependencies): tests/integration, and test_invisible.py's
+#    orbax checkpoint test.
+#
+# Usage: bash tests/other_envs.sh [oldest|integration]... (default: both).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OLDEST_JAX=$(python - <<'EOF'
+import re
+text = open("pyproject.toml").read()
+print(re.search(r'"jax>=([0-9.]+),', text).group(1))
+EOF
+)
+ROOT="${JDTENSOR_ENVS_DIR:-${TMPDIR:-/tmp}/jdtensor-envs}"
+mkdir -p "$ROOT"
+
+make_env() {  # make_env NAME PIP-ARGS...: a fresh venv with jdtensor in it.
+  local venv="$ROOT/$1"; shift
+  rm -rf "$venv"
+  python -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 \
+    | grep -v -e "^WARNING: Location" -e "^WARNING: Running pip as" || true
+  "$venv/bin/python" -c "import jdtensor" >/dev/null
+}
+
+run_oldest() {
+  local start=$SECONDS
+  echo "+ the oldest supported JAX: jax==$OLDEST_JAX"
+  make_env "jax-$OLDEST_JAX" "jax==$OLDEST_JAX" "jaxlib==$OLDEST_JAX" -e '.[test]'
+  "$ROOT/jax-$OLDEST_JAX/bin/python" -c \
+    "import jax; from jdtensor import _jax_private as p; assert not p.MISSING, p.MISSING; print('jax', jax.__version__, '- all private symbols found')"
+  "$ROOT/jax-$OLDEST_JAX/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/unit tests/jax_single tests/test_architecture.py \
+    tests/multiprocess/test_multi_client.py tests/multiprocess/test_invisible.py \
+    tests/multiprocess/test_failure_modes.py tests/multiprocess/test_device_count.py
+  echo "+ oldest JAX: $((SECONDS - start)) s"
+}
+
+run_integration() {
+  local start=$SECONDS
+  echo "+ the integration extra (flax, optax, orbax, Keras 3, grain)"
+  make_env integration -e '.[test,integration]'
+  KERAS_BACKEND=jax "$ROOT/integration/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/integration "tests/multiprocess/test_invisible.py::test_orbax_checkpoint_manager_beside_the_heartbeat"
+  echo "+ integration: $((SECONDS - start)) s"
+}
+
+for part in "${@:-oldest integration}"; do
+  for p in $part; do
+    case "$p" in
+      oldest) run_oldest ;;
+      integration) run_integration ;;
+      *) echo "tests/other_envs.sh: unknown part '$p' (oldest, integration)" >&2; exit 2 ;;
+    esac
+  done
+done
