@@ -43,7 +43,8 @@ run_oldest() {
   "$ROOT/jax-$OLDEST_JAX/bin/python" -m pytest -q -p no:cacheprovider \
     tests/unit tests/jax_single tests/test_architecture.py \
     tests/multiprocess/test_multi_client.py tests/multiprocess/test_invisible.py \
-    tests/multiprocess/test_failure_modes.py tests/multiprocess/test_device_count.py
+    tests/multiprocess/test_failure_modes.py tests/multiprocess/test_device_count.py \
+    tests/multiprocess/test_heartbeat.py
   echo "+ oldest JAX: $((SECONDS - start)) s"
 }
 
