@@ -150,7 +150,8 @@ class _Channel:
 
 def _hello(spec: _supervisor.LaunchSpec) -> dict[str, Any]:
   return {"rank": spec.node_rank, "nnodes": spec.nnodes,
-          "clients": spec.num_clients, "devices": spec.devices_per_client,
+          # None: the environment gave no count, so JAX's default of 1.
+          "clients": spec.num_clients, "devices": spec.devices_per_client or 1,
           "device_type": spec.device_type.upper(), "restarts": spec.max_restarts}
 
 
