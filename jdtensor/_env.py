@@ -75,7 +75,6 @@ __all__ = [
     "ClusterEnv",
     "parse_bool",
     "parse_int",
-    "parse_positive_float",
     "parse_jobs",
     "jobs",
     "num_clients",
@@ -215,22 +214,6 @@ def parse_int(name: str, raw: str, *, hint: str = "") -> int:
             else "is not an integer")
     raise ConfigError(f"{name}={shown!r} {what}" + (f"; {hint}" if hint else "."))
   return int(value)
-
-
-def parse_positive_float(name: str, raw: str) -> float:
-  """Parses a finite float > 0.
-
-  Raises:
-    ConfigError: If the value is not a finite number greater than zero.
-  """
-  try:
-    value = float(raw.strip())
-  except ValueError:
-    value = float("nan")
-  if not value > 0 or value == float("inf"):
-    raise ConfigError(
-        f"{name}={raw!r} must be a finite number of seconds greater than 0.")
-  return value
 
 
 def parse_timeout(name: str, raw: object) -> float:
@@ -791,7 +774,6 @@ def read_visible_gpu_limit(environ: Mapping[str, str] | None = None) -> int | No
 
 HEARTBEAT_POLICIES = ("terminate", "raise", "log")
 _PERIOD_RANGE = (0.01, 3600.0)
-_TIMEOUT_MAX = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -907,7 +889,7 @@ def read_heartbeat_settings(environ: Mapping[str, str] | None = None, *,
                       f"{', '.join(HEARTBEAT_POLICIES)}.")
   raw = env.get(JDTENSOR_STUCK_TIMEOUT)
   stuck = (max(defaults.stuck_timeout, 2 * period_value) if raw is None else
-           _seconds(JDTENSOR_STUCK_TIMEOUT, raw, 1.0, _TIMEOUT_MAX))
+           _seconds(JDTENSOR_STUCK_TIMEOUT, raw, 1.0, MAX_TIMEOUT))
   if coordination is not None:
     _check_stuck_below_coordination(stuck, raw is not None, period_value, coordination,
                                     coordination_name, env)
@@ -917,7 +899,7 @@ def read_heartbeat_settings(environ: Mapping[str, str] | None = None, *,
         f"period ({period_value:g} s): a beat may take a period to start.")
   raw = env.get(JDTENSOR_STALL_TIMEOUT)
   stall = (defaults.stall_timeout if raw is None else
-           _seconds(JDTENSOR_STALL_TIMEOUT, raw, 1.0, _TIMEOUT_MAX, zero_ok=True))
+           _seconds(JDTENSOR_STALL_TIMEOUT, raw, 1.0, MAX_TIMEOUT, zero_ok=True))
   return HeartbeatSettings(
       period=period_value, policy=policy_value, stuck_timeout=stuck,
       stall_timeout=stall,

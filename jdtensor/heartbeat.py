@@ -47,7 +47,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
@@ -62,26 +62,15 @@ from jdtensor._report import Report, mark_finished
 from jdtensor._flight import AT_EXIT, MainThreadRecorder, format_stacks, threads_inside_jax
 from jdtensor.errors import NotInitializedError
 
-__all__ = ["start", "current", "Heartbeat", "PrivateExchange", "read_period",
-           "read_policy", "leave", "blame_peer", "install_exit_guard", "dump_stacks",
-           "EXIT_CODE", "OWN_FAILURE_EXIT_CODE", "DEFAULT_PERIOD", "POLICIES",
-           "FIRST_EXCHANGE_ALLOWANCE", "ROLL_CALL_GRACE"]
+__all__ = ["start", "current", "Heartbeat", "PrivateExchange", "leave",
+           "blame_peer", "install_exit_guard", "dump_stacks", "EXIT_CODE",
+           "OWN_FAILURE_EXIT_CODE", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
+           "ROLL_CALL_GRACE"]
 
-DEFAULT_PERIOD = _env.HeartbeatSettings.period
 _KV_PREFIX = "jdtensor/heartbeat/"
 
 _lock = threading.Lock()
 _current: Heartbeat | None = None
-
-
-def read_period(environ: Mapping[str, str] | None = None) -> float:
-  """``JDTENSOR_HEARTBEAT_PERIOD`` in seconds (default 2)."""
-  return _env.read_heartbeat_settings(environ).period
-
-
-def read_policy(environ: Mapping[str, str] | None = None) -> str:
-  """``JDTENSOR_HEARTBEAT_POLICY``: terminate (default), raise or log."""
-  return _env.read_heartbeat_settings(environ).policy
 
 
 class PrivateExchange:

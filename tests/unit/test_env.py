@@ -194,14 +194,15 @@ def test_read_cluster_env_snapshot():
   assert _env.read_cluster_env({}).is_local_mode
 
 
-@pytest.mark.parametrize("raw", ["0", "-1", "abc", "inf", "nan", ""])
-def test_parse_positive_float_rejects(raw):
+@pytest.mark.parametrize("raw", ["0", "-1", "abc", "inf", "nan", "", "604801"])
+def test_parse_timeout_rejects(raw):
   with pytest.raises(ConfigError, match=r"^JDTENSOR_INIT_TIMEOUT="):
-    _env.parse_positive_float("JDTENSOR_INIT_TIMEOUT", raw)
+    _env.parse_timeout("JDTENSOR_INIT_TIMEOUT", raw)
 
 
-def test_parse_positive_float_accepts():
-  assert _env.parse_positive_float("X", " 2.5 ") == 2.5
+def test_parse_timeout_accepts():
+  assert _env.parse_timeout("X", " 2.5 ") == 2.5
+  assert _env.parse_timeout("X", "604800") == _env.MAX_TIMEOUT
 
 
 def test_read_timeouts():

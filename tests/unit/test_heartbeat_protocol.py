@@ -488,13 +488,14 @@ def test_the_beat_layout_keeps_each_clients_slots_apart():
 
 
 def test_configuration_checks():
-  assert heartbeat.read_period({}) == heartbeat.DEFAULT_PERIOD
-  assert heartbeat.read_period({"JDTENSOR_HEARTBEAT_PERIOD": "0.5"}) == 0.5
+  read = _env.read_heartbeat_settings
+  assert read({}).period == 2.0
+  assert read({"JDTENSOR_HEARTBEAT_PERIOD": "0.5"}).period == 0.5
   with pytest.raises(ConfigError, match="^JDTENSOR_HEARTBEAT_PERIOD='0' must be"):
-    heartbeat.read_period({"JDTENSOR_HEARTBEAT_PERIOD": "0"})
-  assert heartbeat.read_policy({"JDTENSOR_HEARTBEAT_POLICY": " Raise "}) == "raise"
+    read({"JDTENSOR_HEARTBEAT_PERIOD": "0"})
+  assert read({"JDTENSOR_HEARTBEAT_POLICY": " Raise "}).policy == "raise"
   with pytest.raises(ConfigError) as e:
-    heartbeat.read_policy({"JDTENSOR_HEARTBEAT_POLICY": "abort"})
+    read({"JDTENSOR_HEARTBEAT_POLICY": "abort"})
   assert str(e.value) == ("JDTENSOR_HEARTBEAT_POLICY='abort' is not one of "
                           "terminate, raise, log.")
   with pytest.raises(ConfigError, match="period=-1 must be a finite number"):
