@@ -8,6 +8,7 @@ several attempts and several nodes on top of it.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
@@ -21,7 +22,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-import dataclasses
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -146,7 +146,6 @@ class LaunchSpec:
       _env.parse_host("node_address", self.node_address, self.node_address)
     if not 0 <= self.max_restarts <= 1000:
       raise ValueError(f"max_restarts must be 0..1000, got {self.max_restarts}.")
-
 
   def resolved(self, environ: Mapping[str, str], argument: str = "devices_per_client"
                ) -> LaunchSpec:
