@@ -2,7 +2,7 @@
 
 PURE: standard library only. One typed record (`Report`), written by the
 client (`jdtensor.heartbeat`) into ``JDTENSOR_REPORT_DIR`` and read back by
-the launcher (`jdtensor._supervisor`); one pure function of exit codes,
+the launcher (`jdtensor.launcher.supervisor`); one pure function of exit codes,
 reports and times (`root_cause`) that names the client the run failed
 because of; one function that words every summary line (`summary`).
 

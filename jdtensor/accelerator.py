@@ -195,7 +195,7 @@ def _initialize(device_type: str | None = None,
   if runtime.state().multi_client:
     heartbeat.install_exit_guard()
     if plan.cluster.heartbeat_enabled:
-      heartbeat.start(settings.period, settings.policy)
+      heartbeat.start_with(settings)
   return device_type
 
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from jdtensor import _interop, config, runtime
+from jdtensor import config, runtime
+from jdtensor.runtime import interop
 from jdtensor.layout import Layout, Mesh
 
 __all__ = ["pack", "unpack", "fetch_layout", "check_layout", "relayout",
@@ -60,7 +61,7 @@ def pack(tensors: Sequence[Any], layout: Layout) -> Any:
   """
   runtime.check_health()
   import jax  # pylint: disable=g-import-not-at-top
-  devices = _interop.local_jax_devices(layout)
+  devices = interop.local_jax_devices(layout)
   if len(tensors) != len(devices):
     raise ValueError(
         f"pack: got {len(tensors)} components, but layout's mesh has "
@@ -88,7 +89,7 @@ def pack(tensors: Sequence[Any], layout: Layout) -> Any:
   buffers = [a if isinstance(a, jax.Array) and a.devices() == {d} else
              jax.device_put(a, d)
              for a, d in zip(arrays, devices)]
-  return _interop.remember_layout(jax.make_array_from_single_device_arrays(
+  return interop.remember_layout(jax.make_array_from_single_device_arrays(
       global_shape, layout.to_jax_sharding(), buffers), layout)
 
 
@@ -113,7 +114,7 @@ def fetch_layout(tensor: Any) -> Layout | None:
   if _is_tracer(tensor):
     raise RuntimeError("fetch_layout works on concrete arrays, not inside "
                        "jax.jit or other transformations (TF: only eagerly).")
-  recorded = _interop.recorded_layout(tensor)
+  recorded = interop.recorded_layout(tensor)
   if recorded is not None and recorded.rank == tensor.ndim:
     return recorded
   import jax  # pylint: disable=g-import-not-at-top
@@ -166,7 +167,7 @@ def unpack(tensor: Any) -> list[Any]:
     raise TypeError(f"Expecting a Tensor, got {type(tensor)}")
   layout = fetch_layout(tensor)
   by_device = {shard.device: shard.data for shard in tensor.addressable_shards}
-  return [by_device[d] for d in _interop.local_jax_devices(layout)]  # type: ignore[arg-type]
+  return [by_device[d] for d in interop.local_jax_devices(layout)]  # type: ignore[arg-type]
 
 
 def relayout(tensor: Any, layout: Layout, name: str | None = None) -> Any:
@@ -187,7 +188,7 @@ def relayout(tensor: Any, layout: Layout, name: str | None = None) -> Any:
   sharding = layout.to_jax_sharding()
   if _is_tracer(tensor):
     return _differentiable_move(tensor, sharding)
-  return _interop.remember_layout(jax.device_put(tensor, sharding), layout)
+  return interop.remember_layout(jax.device_put(tensor, sharding), layout)
 
 
 def _place(value: Any, sharding: Any) -> Any:
@@ -265,7 +266,7 @@ def copy_to_mesh(tensor: Any, layout: Layout,
   if _is_tracer(tensor):
     return _differentiable_move(tensor, sharding)
   value = np.asarray(tensor)
-  return _interop.remember_layout(jax.make_array_from_callback(
+  return interop.remember_layout(jax.make_array_from_callback(
       value.shape, sharding, lambda index: value[index]), layout)
 
 
@@ -326,7 +327,7 @@ def call_with_layout(fn: Callable[..., Any], layout: Layout | None, *args: Any,
         while len(_CALLS) > _CALLS_LIMIT:
           _CALLS.popitem(last=False)
   out = jitted([args[i] for i in positions], {k: kwargs[k] for k in names})
-  return _interop.remember_layout(out, layout) if _is_array(out) else out
+  return interop.remember_layout(out, layout) if _is_array(out) else out
 
 
 # -- the default mesh -------------------------------------------------------------

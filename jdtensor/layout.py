@@ -2,7 +2,7 @@
 
 PURE: importing this module never imports jax. The JAX conversions
 (`Mesh.jax_mesh`, `Mesh.from_jax_mesh`, `Layout.to_jax_sharding`,
-`Layout.from_jax_sharding`) call down into `jdtensor._interop` when called:
+`Layout.from_jax_sharding`) call down into `jdtensor.runtime.interop` when called:
 the one sanctioned upward import in the layer table (README, Architecture),
 which never imports this module back.
 
@@ -634,14 +634,14 @@ class Mesh:
       ValueError: If a device of the mesh does not exist in this cluster.
     """
     if self._jax_mesh_cache is None:
-      from jdtensor import _interop  # pylint: disable=g-import-not-at-top
-      self._jax_mesh_cache = _interop.to_jax_mesh(self)
+      from jdtensor.runtime import interop  # pylint: disable=g-import-not-at-top
+      self._jax_mesh_cache = interop.to_jax_mesh(self)
     return self._jax_mesh_cache
 
   def to_jax_mesh(self, axis_types: Any = None) -> Any:
     """Like `jax_mesh`, with explicit ``jax.sharding.AxisType`` s per axis."""
-    from jdtensor import _interop  # pylint: disable=g-import-not-at-top
-    return _interop.to_jax_mesh(self, axis_types)
+    from jdtensor.runtime import interop  # pylint: disable=g-import-not-at-top
+    return interop.to_jax_mesh(self, axis_types)
 
   @classmethod
   def from_jax_mesh(cls, jax_mesh: Any, mesh_name: str = "",
@@ -656,14 +656,14 @@ class Mesh:
     Raises:
       TypeError: If `jax_mesh` is not a ``jax.sharding.Mesh``.
     """
-    from jdtensor import _interop  # pylint: disable=g-import-not-at-top
-    parts = _interop.describe_jax_mesh(jax_mesh)
+    from jdtensor.runtime import interop  # pylint: disable=g-import-not-at-top
+    parts = interop.describe_jax_mesh(jax_mesh)
     ids = np.arange(len(parts["devices"])).reshape(parts["shape"])
     args = (parts["names"], ids, parts["local_ids"], parts["local_strings"],
             mesh_name)
     try:
       mesh = cls(*args, use_xla_spmd=use_xla_spmd)
-      if _interop.mesh_devices(mesh) == parts["devices"]:
+      if interop.mesh_devices(mesh) == parts["devices"]:
         return mesh
     except ValueError:
       pass
@@ -1031,17 +1031,17 @@ class Layout:
     this sharding give this exact layout back (`jdtensor.fetch_layout`).
     """
     if self._jax_sharding is None:
-      from jdtensor import _interop  # pylint: disable=g-import-not-at-top
+      from jdtensor.runtime import interop  # pylint: disable=g-import-not-at-top
       if self._type == LayoutType.SINGLE_DEVICE:
-        sharding = _interop.single_device_sharding(self._mesh.single_device)
+        sharding = interop.single_device_sharding(self._mesh.single_device)
       else:
         jax_mesh = self._mesh.jax_mesh
         # This mesh is now the latest one behind its JAX mesh (meshes that
         # differ only in name give equal JAX meshes).
-        _interop.note_mesh(jax_mesh, self._mesh)
-        sharding = _interop.named_sharding(jax_mesh, self.to_partition_spec())
+        interop.note_mesh(jax_mesh, self._mesh)
+        sharding = interop.named_sharding(jax_mesh, self.to_partition_spec())
       self._jax_sharding = sharding
-      _interop.note_sharding(sharding, self)
+      interop.note_sharding(sharding, self)
     return self._jax_sharding
 
   @classmethod
@@ -1064,7 +1064,7 @@ class Layout:
     """
     import jax  # pylint: disable=g-import-not-at-top
 
-    from jdtensor import _interop  # pylint: disable=g-import-not-at-top
+    from jdtensor.runtime import interop  # pylint: disable=g-import-not-at-top
     if not isinstance(sharding, jax.sharding.NamedSharding):
       raise TypeError(f"sharding must be a jax.sharding.NamedSharding, got "
                       f"{type(sharding).__name__}.")
@@ -1093,11 +1093,11 @@ class Layout:
     specs += [UNSHARDED] * (rank - len(specs))
     layout_type = LayoutType.STATIC
     if mesh is None:
-      origin = _interop.sharding_origin(sharding)
+      origin = interop.sharding_origin(sharding)
       if origin is not None:
         mesh, layout_type = origin.mesh, origin.type
       else:
-        mesh = _interop.known_mesh(sharding.mesh) or Mesh.from_jax_mesh(
+        mesh = interop.known_mesh(sharding.mesh) or Mesh.from_jax_mesh(
             sharding.mesh)
     layout = cls(specs, mesh)
     return layout.to_parted() if layout_type == LayoutType.PARTED else layout

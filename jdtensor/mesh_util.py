@@ -8,9 +8,11 @@ from collections.abc import Mapping, Sequence
 from typing import Union
 
 import numpy as np
+from jdtensor import _jaxlib_texts
 from jdtensor import _logging as logging
 
-from jdtensor import _env, _interop, config, runtime
+from jdtensor import _env, config, runtime
+from jdtensor.runtime import interop
 from jdtensor.device_spec import DeviceSpec
 from jdtensor.errors import BarrierTimeoutError, NotInitializedError
 from jdtensor.layout import Mesh
@@ -108,7 +110,7 @@ def _print_context(num_global_devices: int, num_clients: int, client_id: int,
 def _check_devices_exist(mesh: Mesh) -> None:
   """Raises a clear ValueError for a local device this process lacks."""
   for device in mesh.local_devices():
-    _interop.resolve_device(device)
+    interop.resolve_device(device)
 
 
 def _cluster() -> _env.ClusterEnv:
@@ -387,7 +389,7 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
   devices = list(mesh.jax_mesh.devices.flat)
   me = runtime.process_index()
   ones = [np.ones([1], np.float32) for d in devices if d.process_index == me]
-  value = float(_interop.sum_over_devices(devices, ones)[0])
+  value = float(interop.sum_over_devices(devices, ones)[0])
   if value != mesh.size:
     # DTensor-compatible message.
     raise ValueError("Global barrier produced wrong mesh size : {0} while mesh "
@@ -418,15 +420,15 @@ def _wait_at_barrier(barrier_id: str, timeout_ms: int) -> None:
     BarrierTimeoutError: If not every client arrived within `timeout_ms`.
     RuntimeError: If the coordination service reported another failure.
   """
-  from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
-  client = _jax_private.coordination_client()
+  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
+  client = jax_private.coordination_client()
   if client is None:
     raise NotInitializedError("No multi-client runtime: call "
                               "initialize_accelerator_system() first.")
   try:
     client.wait_at_barrier(barrier_id, int(timeout_ms))
   except Exception as e:  # JaxRuntimeError has no stable import path.
-    if "DEADLINE_EXCEEDED" in str(e):
+    if _jaxlib_texts.BARRIER_DEADLINE_EXCEEDED in str(e):
       raise BarrierTimeoutError(
           f"Barrier {barrier_id!r} timed out after {timeout_ms} ms: not every "
           "client arrived. A client that is slow, stuck, or has exited never "

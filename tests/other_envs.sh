@@ -39,7 +39,7 @@ run_oldest() {
   echo "+ the oldest supported JAX: jax==$OLDEST_JAX"
   make_env "jax-$OLDEST_JAX" "jax==$OLDEST_JAX" "jaxlib==$OLDEST_JAX" -e '.[test]'
   "$ROOT/jax-$OLDEST_JAX/bin/python" -c \
-    "import jax; from jdtensor import _jax_private as p; assert not p.MISSING, p.MISSING; print('jax', jax.__version__, '- all private symbols found')"
+    "import jax; from jdtensor.runtime import jax_private as p; assert not p.MISSING, p.MISSING; print('jax', jax.__version__, '- all private symbols found')"
   "$ROOT/jax-$OLDEST_JAX/bin/python" -m pytest -q -p no:cacheprovider \
     tests/unit tests/jax_single tests/test_architecture.py \
     tests/multiprocess/test_multi_client.py tests/multiprocess/test_invisible.py \

@@ -14,12 +14,13 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jdtensor"
 # import it lazily), so importing any of them never starts a backend. The one
 # exception is the private-JAX boundary, which only runtime code imports, and
 # only inside functions.
-PRIVATE_JAX = "_jax_private.py"
+PRIVATE_JAX = "runtime/jax_private.py"
 MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                 if p.name != PRIVATE_JAX)
+                 if str(p.relative_to(PACKAGE)) != PRIVATE_JAX)
 # The launcher's parent process and the pure layers: not even numpy.
-STDLIB_ONLY = ["launcher", "_supervisor", "_nodes", "_report", "cli", "_env", "_rendezvous",
-               "cluster", "errors",
+STDLIB_ONLY = ["launcher", "launcher.spec", "launcher.processes", "launcher.output",
+               "launcher.supervisor", "launcher.nodes", "_report", "_wire", "_jaxlib_texts",
+               "cli", "_env", "cluster", "errors",
                "device_spec", "_logging", "testing", "testing._transport"]
 
 
@@ -69,7 +70,7 @@ def _dotted_names(tree):
 def test_only_runtime_touches_jax_config_and_distributed():
   """Runtime state has one owner: nobody else configures JAX or its runtime."""
   for path in PACKAGE.rglob("*.py"):
-    if path.name == "runtime.py":
+    if path.relative_to(PACKAGE).as_posix() == "runtime/__init__.py":
       continue
     names = set(_dotted_names(ast.parse(path.read_text())))
     assert not {n for n in names if n.startswith(("jax.config.update",
@@ -87,13 +88,13 @@ def _all_imports(tree):
 
 @pytest.mark.parametrize("module", MODULES)
 def test_private_jax_api_lives_in_one_module(module):
-  """jax._src and jaxlib are touched only by _jax_private (README, "Testing a
+  """jax._src and jaxlib are touched only by runtime.jax_private (README, "Testing a
   new JAX"), and nobody imports that module at module level."""
   tree = ast.parse((PACKAGE / module).read_text())
   private = {n for n in set(_all_imports(tree)) | set(_dotted_names(tree))
              if n.startswith(("jax._src", "jaxlib"))}
   assert not private, (module, private)
-  assert "jdtensor._jax_private" not in _top_level_imports(PACKAGE / module)
+  assert "jdtensor.runtime.jax_private" not in _top_level_imports(PACKAGE / module)
   top_from = [n for n in tree.body if isinstance(n, ast.ImportFrom)
               and n.module == "jdtensor" and any(a.name == "_jax_private"
                                                  for a in n.names)]
@@ -155,20 +156,28 @@ def test_bad_env_errors_do_not_start_a_backend():
 # A module may import (at module level or inside a function) only modules of
 # its own layer or below, and nothing may form a cycle. One import goes up, on
 # purpose: the data model's JAX conversion methods (Mesh.jax_mesh,
-# Layout.to_jax_sharding, ...) call down into _interop when called; _interop
-# never imports layout back.
+# Layout.to_jax_sharding, ...) call down into runtime.interop when called;
+# interop never imports layout back.
 LAYERS = [
-    ("pure", ["errors", "_env", "_logging", "_deadline", "device_spec", "_links",
-              "_rendezvous", "cluster", "tpu", "tpu.ring", "layout", "_proto",
-              "_departure", "_report"]),
-    ("JAX-aware leaves", ["_jax_private", "tpu.topology", "_flight", "_beat"]),
+    ("the floor", ["errors", "_env", "_logging", "_deadline", "device_spec", "_wire",
+                   "_jaxlib_texts",
+                   "_report", "cluster"]),
+    ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),
+    ("runtime leaves", ["runtime.links", "runtime.rendezvous", "runtime.jax_private",
+                        "tpu.topology"]),
     ("the state owner", ["runtime"]),
-    ("composition", ["_interop", "config", "api", "mesh_util", "tpu.mesh",
-                     "tpu.system", "heartbeat", "accelerator"]),
-    ("tools", ["_supervisor", "_nodes", "launcher", "cli", "demo", "__main__", "testing",
-               "testing._transport", "testing._client", "testing.pytest_plugin"]),
+    ("runtime users", ["runtime.interop"]),
+    ("heartbeat leaves", ["heartbeat.departure", "heartbeat.flight",
+                          "heartbeat.protocol", "heartbeat.exchange"]),
+    ("heartbeat", ["heartbeat"]),
+    ("DTensor's face", ["config", "api", "mesh_util", "tpu.mesh", "tpu.system",
+                        "accelerator"]),
+    ("the launcher", ["launcher.spec", "launcher.processes", "launcher.output",
+                      "launcher.supervisor", "launcher.nodes", "launcher"]),
+    ("tools", ["cli", "demo", "__main__", "testing", "testing._transport",
+               "testing._client", "testing.pytest_plugin"]),
 ]
-ALLOWED_UPWARD = {("layout", "_interop")}
+ALLOWED_UPWARD = {("layout", "runtime.interop")}
 LAYER_OF = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
 
 
@@ -209,7 +218,12 @@ def _imports_of(name, path, names):
         package = ["jdtensor"] + name.split(".")[:None if is_package else -1]
         package = package[:len(package) - node.level + 1]
         base = ".".join(package + ([node.module] if node.module else []))
-      targets = [f"{base}.{a.name}" for a in node.names] + [base]
+      # `from package import module` imports the module (its package's
+      # __init__ runs first, as for any submodule: not counted); `from module
+      # import name` imports the module.
+      modules = [f"{base}.{a.name}" for a in node.names
+                 if f"{base}.{a.name}".removeprefix("jdtensor").lstrip(".") in names]
+      targets = modules if len(modules) == len(node.names) else modules + [base]
     for target in targets:
       if not target.startswith("jdtensor"):
         continue
@@ -255,6 +269,20 @@ def test_no_import_cycles_even_inside_functions():
       visit(node, [])
 
 
+def test_the_launcher_never_imports_the_runtime():
+  """The launcher's parent is a plain process supervisor: it reaches the clients
+  only through the environment, their exit codes and `_report`'s files, and
+  meets other launchers over `_wire`; nothing of the runtime, the heartbeat or
+  DTensor's face."""
+  floor = set(LAYERS[0][1])
+  graph = _import_graph()
+  wrong = {name: sorted(t for t in targets if t not in floor
+                        and not t.startswith("launcher"))
+           for name, targets in graph.items()
+           if name == "launcher" or name.startswith("launcher.")}
+  assert not any(wrong.values()), wrong
+
+
 def test_the_public_names_are_listed_once_and_agree():
   """__init__ names each export in _EXPORTS; the TYPE_CHECKING imports (for
   type checkers) and __all__ must say the same."""
@@ -290,14 +318,14 @@ def test_environment_names_and_reads_live_in_env():
            or v == "JAX_NUM_CPU_DEVICES"}
     assert not own, (name, own)
     reads = "os.environ" in set(_dotted_names(tree))
-    assert not reads or name in ("launcher.py", "testing/__init__.py",
-                                 "cluster.py"), name
+    assert not reads or name in ("launcher/__init__.py", "launcher/spec.py",
+                                 "testing/__init__.py", "cluster.py"), name
 
 
 def test_the_tested_jax_range_is_pinned_once():
-  """pyproject.toml pins exactly `_jax_private.TESTED_RANGE` (what the warning
+  """pyproject.toml pins exactly `runtime.jax_private.TESTED_RANGE` (what the warning
   for a missing private symbol quotes), and CI tests its lower end."""
-  tree = ast.parse((PACKAGE / "_jax_private.py").read_text())
+  tree = ast.parse((PACKAGE / PRIVATE_JAX).read_text())
   tested = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
                 and getattr(node.targets[0], "id", None) == "TESTED_RANGE")
   pyproject = (PACKAGE.parent / "pyproject.toml").read_text()

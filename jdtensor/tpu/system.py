@@ -9,7 +9,8 @@ agree with what each client expected. The runtime keeps the result.
 
 from __future__ import annotations
 
-from jdtensor import _env, _interop
+from jdtensor import _env
+from jdtensor.runtime import interop
 from jdtensor import _logging as logging
 from jdtensor import runtime
 from jdtensor.tpu import topology
@@ -35,7 +36,7 @@ def merge_core_ids(local_core_ids: list[int], client_id: int,
   start = client_id * per_task
   mine[start:start + len(local_core_ids)] = local_core_ids
   rows = [mine] + [np.zeros_like(mine)] * (per_task - 1)
-  return _interop.sum_over_devices(devices, rows).astype(int).tolist()
+  return interop.sum_over_devices(devices, rows).astype(int).tolist()
 
 
 def initialize(cluster: _env.ClusterEnv, simulated: SimulatedTopology | None,

@@ -15,15 +15,15 @@ def scenario_die_after_rendezvous():
   it (the dying client wraps the call; client 0's code is untouched)."""
   import signal
   import jdtensor
-  from jdtensor import _rendezvous
+  from jdtensor.runtime import rendezvous
   if jdtensor.client_id() == 1:
-    real = _rendezvous.rendezvous
+    real = rendezvous.rendezvous
 
     def meet_then_die(*args, **kwargs):
       links = real(*args, **kwargs)
       os.kill(os.getpid(), signal.SIGKILL)
       return links
-    _rendezvous.rendezvous = meet_then_die
+    rendezvous.rendezvous = meet_then_die
   jdtensor.initialize_accelerator_system("CPU")
   result("initialized", True)
 

@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from jdtensor import _rendezvous
+from jdtensor import _wire
+from jdtensor.runtime import rendezvous
 from tests.faults.test_faults import (assert_clean, assert_no_leftovers,
                                       error_line, jobs, run_env_case)
 from tests.helpers import (CLIENT, REPO, clean_env, cluster_env, finish,
@@ -133,7 +134,7 @@ def test_an_oversized_line_is_refused_at_once():
         pass  # Client 0 hung up on us: good.
   (r0, r1), elapsed = neighbour_then_client_1(flood)
   assert r0.returncode == 0 and r1.returncode == 0, (r0, r1)
-  assert f"it sent more than {_rendezvous.MAX_FRAME} bytes without a line end" in (
+  assert f"it sent more than {_wire.MAX_FRAME} bytes without a line end" in (
       r0.stderr)
   assert elapsed < 20
 
@@ -169,8 +170,8 @@ def test_a_client_of_another_run_is_refused_by_name():
       if p.poll() is None:
         p.kill()
   assert r0.returncode == 0 and r1.returncode == 0, (r0, r1)
-  mine = _rendezvous.run_id(env0["JDTENSOR_RUN_SECRET"])
-  theirs = _rendezvous.run_id(stranger["JDTENSOR_RUN_SECRET"].strip())
+  mine = rendezvous.run_id(env0["JDTENSOR_RUN_SECRET"])
+  theirs = rendezvous.run_id(stranger["JDTENSOR_RUN_SECRET"].strip())
   assert (f"a client of another run (run id {theirs}) connected; refused"
           in r0.stderr), r0.stderr
   assert_clean(bad, f"ERROR StartupError: Client 1: start-up refused by client 0: "

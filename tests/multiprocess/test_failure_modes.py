@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from jdtensor import heartbeat
-from jdtensor._beat import HOST_EXIT_WAIT
+from jdtensor.heartbeat.protocol import HOST_EXIT_WAIT
 from tests.helpers import REPO, launch_clients
 
 pytestmark = pytest.mark.multiprocess

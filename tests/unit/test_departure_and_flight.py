@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from jdtensor import _departure, _flight
+from jdtensor.heartbeat import departure as departure_mod
+from jdtensor.heartbeat import flight
 
 
 @pytest.fixture
@@ -16,10 +17,10 @@ def guard(monkeypatch):
   """An ExitGuard whose hooks are installed, undone after the test."""
   monkeypatch.setattr(sys, "exit", sys.exit)
   monkeypatch.setattr(threading, "excepthook", threading.excepthook)
-  monkeypatch.setattr(_departure.atexit, "register", lambda fn: None)
+  monkeypatch.setattr(departure_mod.atexit, "register", lambda fn: None)
   monkeypatch.delattr(sys, "last_value", raising=False)
   left, notices = [], []
-  g = _departure.ExitGuard(lambda d: left.append(d) or True, lambda: None,
+  g = departure_mod.ExitGuard(lambda d: left.append(d) or True, lambda: None,
                            notices.append)
   g.install()
   g.left, g.notices = left, notices
@@ -27,7 +28,7 @@ def guard(monkeypatch):
 
 
 def test_a_normal_end_is_code_0(guard):
-  assert guard.departure_now() == _departure.Departure(0, "exited (code 0)", False)
+  assert guard.departure_now() == departure_mod.Departure(0, "exited (code 0)", False)
 
 
 @pytest.mark.parametrize("status,code,failed", [
@@ -37,7 +38,7 @@ def test_a_normal_end_is_code_0(guard):
 def test_sys_exit_records_the_code(guard, status, code, failed):
   with pytest.raises(SystemExit):
     sys.exit(status)
-  assert guard.departure_now() == _departure.Departure(
+  assert guard.departure_now() == departure_mod.Departure(
       code, f"exited (code {code})", failed)
 
 
@@ -61,7 +62,7 @@ def test_an_uncaught_exception_is_read_from_sys_last_value(guard, monkeypatch):
   assert departure.why.endswith(" in test_an_uncaught_exception_is_read_from_sys_"
                                 "last_value)")
   monkeypatch.setattr(sys, "last_value", KeyboardInterrupt(), raising=False)
-  assert guard.departure_now() == _departure.Departure(
+  assert guard.departure_now() == departure_mod.Departure(
       130, "failed: KeyboardInterrupt", True)
 
 
@@ -82,13 +83,13 @@ def test_a_dying_thread_is_a_notice_not_a_departure(guard):
 def test_run_leaves_once_and_detaches_only_when_unclean(monkeypatch):
   monkeypatch.delattr(sys, "last_value", raising=False)
   detached, exits = [], []
-  clean = _departure.ExitGuard(lambda d: True, lambda: detached.append(1))
+  clean = departure_mod.ExitGuard(lambda d: True, lambda: detached.append(1))
   clean.run()
   clean.run()
   assert detached == []
-  monkeypatch.setattr(_departure.ExitGuard, "_exit_now",
+  monkeypatch.setattr(departure_mod.ExitGuard, "_exit_now",
                       staticmethod(lambda code: exits.append(code)))
-  unclean = _departure.ExitGuard(lambda d: False, lambda: detached.append(1))
+  unclean = departure_mod.ExitGuard(lambda d: False, lambda: detached.append(1))
   unclean.run()
   assert detached == [1] and exits == [0]
 
@@ -105,17 +106,17 @@ class FakeArray:
 
 def test_spans_every_process():
   every = FakeArray(False, [0, 1, 2])
-  assert _flight.spans_every_process([every], 3)
-  assert not _flight.spans_every_process([FakeArray(True, [0, 1, 2])], 3)
-  assert not _flight.spans_every_process([FakeArray(False, [0])], 3)
-  assert not _flight.spans_every_process([], 3)
+  assert flight.spans_every_process([every], 3)
+  assert not flight.spans_every_process([FakeArray(True, [0, 1, 2])], 3)
+  assert not flight.spans_every_process([FakeArray(False, [0])], 3)
+  assert not flight.spans_every_process([], 3)
 
 
 def recorder(arrays=(), frame=None, main_cpu=None, jax_dirs=("/site/jax/",)):
   """A recorder over fakes: `now[0]` is the clock, `cpu[0]` the main thread's
   CPU seconds."""
   now, cpu = [10.0], [0.0]
-  rec = _flight.MainThreadRecorder(2, lambda: arrays, lambda: frame[0] if frame else None,
+  rec = flight.MainThreadRecorder(2, lambda: arrays, lambda: frame[0] if frame else None,
                                    main_cpu=lambda: cpu[0], clock=lambda: now[0])
   rec._jax_dirs = jax_dirs
   return rec, now, cpu
@@ -124,25 +125,25 @@ def recorder(arrays=(), frame=None, main_cpu=None, jax_dirs=("/site/jax/",)):
 def test_recorder_phases_and_time_in_them():
   arrays = []
   rec, now, cpu = recorder(arrays)
-  assert rec.sample(busy=90) == (_flight.RUNNING, 0.0)
+  assert rec.sample(busy=90) == (flight.RUNNING, 0.0)
   now[0] = 15.0
-  assert rec.sample(busy=90) == (_flight.RUNNING, 5.0)
+  assert rec.sample(busy=90) == (flight.RUNNING, 5.0)
   now[0] = 16.0  # Still its own code, now idle: the idle clock starts.
-  assert rec.sample(busy=1) == (_flight.RUNNING, 0.0)
+  assert rec.sample(busy=1) == (flight.RUNNING, 0.0)
   now[0] = 19.0
-  assert rec.sample(busy=1) == (_flight.RUNNING, 3.0)
+  assert rec.sample(busy=1) == (flight.RUNNING, 3.0)
   arrays.append(FakeArray(False, [0, 1]))  # Idle, holding an unfinished global result.
-  assert rec.sample(busy=1) == (_flight.WAITING, 0.0)
+  assert rec.sample(busy=1) == (flight.WAITING, 0.0)
   now[0] = 22.0
-  assert rec.sample(busy=1) == (_flight.WAITING, 3.0)
+  assert rec.sample(busy=1) == (flight.WAITING, 3.0)
   cpu[0] += 3.0  # The main thread computes: not waiting, whatever it holds.
   now[0] = 25.0
-  assert rec.sample(busy=100)[0] == _flight.RUNNING
+  assert rec.sample(busy=100)[0] == flight.RUNNING
   arrays.clear()
   rec.at_exit = True
-  assert rec.sample() == (_flight.AT_EXIT, 0.0)
+  assert rec.sample() == (flight.AT_EXIT, 0.0)
   arrays.append(FakeArray(False, [0, 1]))  # A daemon thread's psum: still at exit.
-  assert rec.sample()[0] == _flight.AT_EXIT
+  assert rec.sample()[0] == flight.AT_EXIT
 
 
 def fake_frame(filename, back=None):
@@ -154,23 +155,23 @@ def test_recorder_inside_jax_is_waiting_when_idle_and_busy_when_not():
   frame = [fake_frame("/work/train.py", fake_frame("/site/jax/_src/compiler.py"))]
   rec, now, cpu = recorder(frame=frame)
   now[0], cpu[0] = 11.0, 0.9  # Compiling: the main thread uses a core.
-  assert rec.sample(busy=95)[0] == _flight.IN_JAX
+  assert rec.sample(busy=95)[0] == flight.IN_JAX
   now[0] = 12.0  # Blocked inside JAX (a result, a collective): idle.
-  assert rec.sample(busy=2)[0] == _flight.WAITING
+  assert rec.sample(busy=2)[0] == flight.WAITING
   frame[0] = fake_frame("/work/data.py")
   now[0] = 13.0
-  assert rec.sample(busy=2)[0] == _flight.RUNNING
+  assert rec.sample(busy=2)[0] == flight.RUNNING
 
 
 class PjitFunction:
   """Looks like a jitted function: JAX's C++ type, called without a Python frame."""
   __module__ = "jaxlib._jax"
-  __call__ = staticmethod(_flight.time.sleep)
+  __call__ = staticmethod(flight.time.sleep)
 
 
 class ArrayImpl:
   __module__ = "jaxlib._jax"
-  block_until_ready = staticmethod(_flight.time.sleep)
+  block_until_ready = staticmethod(flight.time.sleep)
 
 
 psum = PjitFunction()
@@ -187,7 +188,7 @@ def frame_of(target):
   thread = threading.Thread(target=run, daemon=True)
   thread.start()
   started.wait(5)
-  _flight.time.sleep(0.1)
+  flight.time.sleep(0.1)
   frame = sys._current_frames()[thread.ident]
   return frame, thread
 
@@ -203,11 +204,11 @@ def in_array_method():
 def in_call_of_a_jax_temporary():
   # As in float(np.asarray(f(x).addressable_data(0))): JAX's object is part
   # of an argument, not a name of its own.
-  _flight.time.sleep(min(0.4, len(psum.__module__)))
+  flight.time.sleep(min(0.4, len(psum.__module__)))
 
 
 def in_own_sleep():
-  _flight.time.sleep(0.4)
+  flight.time.sleep(0.4)
 
 
 def in_partial_of_jitted():
@@ -223,7 +224,7 @@ def in_partial_of_jitted():
 def test_a_call_into_jax_s_cpp_code_is_seen_from_the_call_site(target, inside):
   frame, thread = frame_of(target)
   try:
-    assert _flight.calls_into_jax(frame) is inside
+    assert flight.calls_into_jax(frame) is inside
   finally:
     thread.join(5)
 
@@ -233,14 +234,14 @@ def test_a_frame_without_source_is_the_program_s_own_code():
   exec(compile("def f():\n  psum(0.4)\n", "<no source>", "exec"), namespace)
   frame, thread = frame_of(namespace["f"])
   try:
-    assert _flight.calls_into_jax(frame) is False
+    assert flight.calls_into_jax(frame) is False
   finally:
     thread.join(5)
 
 
 def test_stack_top_names_the_innermost_frames():
   def inner():
-    return _flight.stack_top(sys._getframe(), depth=2)
+    return flight.stack_top(sys._getframe(), depth=2)
   text = inner()
   assert text.startswith("test_departure_and_flight.py:")
   assert " inner <- test_departure_and_flight.py:" in text
@@ -258,7 +259,7 @@ def test_stack_top_names_the_innermost_frames():
     ("division by zero", False),
 ])
 def test_a_collective_error_about_a_lost_peer_is_recognised(message, lost):
-  assert _departure.lost_a_peer(RuntimeError(message)) is lost
+  assert departure_mod.lost_a_peer(RuntimeError(message)) is lost
 
 
 def test_a_lost_peer_failure_asks_whom_to_blame_before_leaving(monkeypatch):
@@ -266,9 +267,9 @@ def test_a_lost_peer_failure_asks_whom_to_blame_before_leaving(monkeypatch):
                       RuntimeError("Gloo all-reduce failed: Connection closed by peer"),
                       raising=False)
   left, exits = [], []
-  blamed = _departure.Departure(75, "failed: ..., after client 1 is gone", True,
+  blamed = departure_mod.Departure(75, "failed: ..., after client 1 is gone", True,
                                 peer_lost=True, consequence=True)
-  g = _departure.ExitGuard(lambda d: left.append(d) or False, lambda: None,
+  g = departure_mod.ExitGuard(lambda d: left.append(d) or False, lambda: None,
                            blame_peer=lambda d: blamed if d.peer_lost else d)
   monkeypatch.setattr(g, "_exit_now", exits.append)
   g.run()
@@ -276,7 +277,7 @@ def test_a_lost_peer_failure_asks_whom_to_blame_before_leaving(monkeypatch):
   # Without a lost peer, nobody is asked.
   monkeypatch.setattr(sys, "last_value", ValueError("bad"), raising=False)
   left.clear()
-  g2 = _departure.ExitGuard(lambda d: left.append(d) or False, lambda: None,
+  g2 = departure_mod.ExitGuard(lambda d: left.append(d) or False, lambda: None,
                             blame_peer=lambda d: pytest.fail("asked"))
   monkeypatch.setattr(g2, "_exit_now", exits.append)
   g2.run()
@@ -291,14 +292,14 @@ def test_a_lost_peer_failure_asks_whom_to_blame_before_leaving(monkeypatch):
     ("DEADLINE_EXCEEDED: barrier timed out", None)])
 def test_a_collective_that_gave_up_on_a_client_that_never_joined_is_recognised(
     message, waited):
-  got = _departure.never_joined(RuntimeError(message))
+  got = departure_mod.never_joined(RuntimeError(message))
   assert (None if got is None else round(got)) == waited
 
 
 def test_a_forked_child_says_nothing_and_only_lets_go_of_jax(monkeypatch):
   left, detached = [], []
-  g = _departure.ExitGuard(lambda d: left.append(d) or True, lambda: detached.append(1))
-  monkeypatch.setattr(_departure.os, "getpid", lambda: g._pid + 1)
+  g = departure_mod.ExitGuard(lambda d: left.append(d) or True, lambda: detached.append(1))
+  monkeypatch.setattr(departure_mod.os, "getpid", lambda: g._pid + 1)
   g.run()
   assert left == [] and detached == [1] and g.departure is None
 
@@ -310,7 +311,7 @@ def test_exit_handlers_registered_after_the_guard_are_not_run_twice(monkeypatch)
   import atexit
   monkeypatch.setattr(atexit, "register", atexit.register)
   monkeypatch.setattr(atexit, "unregister", atexit.unregister)
-  g = _departure.ExitGuard(lambda d: False, lambda: None)
+  g = departure_mod.ExitGuard(lambda d: False, lambda: None)
   g.install()
   real_unregister = g._real_unregister
 
@@ -327,7 +328,7 @@ def test_exit_handlers_registered_after_the_guard_are_not_run_twice(monkeypatch)
     unregistered, ran, exits = [], [], []
     g._real_unregister = unregistered.append
     monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ran.append(list(unregistered)))
-    monkeypatch.setattr(_departure.os, "_exit", exits.append)
+    monkeypatch.setattr(departure_mod.os, "_exit", exits.append)
     g._exit_now(3)
     assert ran == [[g.run, later]] and exits == [3]
   finally:
@@ -338,6 +339,6 @@ def test_exit_handlers_registered_after_the_guard_are_not_run_twice(monkeypatch)
 def test_a_background_thread_inside_jax_is_seen_at_exit():
   frame, thread = frame_of(in_jitted_call)
   try:
-    assert thread.name in _flight.threads_inside_jax()
+    assert thread.name in flight.threads_inside_jax()
   finally:
     thread.join(5)

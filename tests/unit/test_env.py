@@ -239,7 +239,7 @@ def test_the_coordination_timeout_keeps_its_deprecated_name(caplog):
 
 
 def test_bind_address():
-  from jdtensor._rendezvous import bind_address
+  from jdtensor.runtime.rendezvous import bind_address
   parse = lambda raw: _env.parse_bind_address("JDTENSOR_COORDINATOR_BIND_ADDRESS", raw)
   assert bind_address("localhost:9000", None, None) == ("127.0.0.1", 9000)
   assert bind_address("10.1.2.3:9000", None, None) == ("10.1.2.3", 9000)

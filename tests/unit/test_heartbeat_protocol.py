@@ -2,8 +2,8 @@
 
 The real all-reduce on the private runtime is tested in
 tests/multiprocess/; here the exchange is a thread barrier that sums rows, the
-roll call and the shared texts are dictionaries, and each client's main-thread
-recorder is scripted, so that stop agreement, token checks, deadlines,
+roll call and the shared texts are dictionaries, the process's hooks record
+what they are asked, and each client's main-thread recorder is scripted, so that stop agreement, token checks, deadlines,
 verdicts and policies are tested fast and deterministically.
 """
 
@@ -13,8 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from jdtensor import _beat, _env, heartbeat
-from jdtensor._flight import AT_EXIT, IN_JAX, RUNNING, WAITING
+from jdtensor import _env, heartbeat
+from jdtensor.heartbeat import protocol
+from jdtensor.heartbeat.protocol import Exchange, Peers, ProcessHooks
+from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.errors import ConfigError
 
 
@@ -33,21 +35,19 @@ class SumExchange:
     while c in self.stuck:  # A frozen process (e.g. SIGSTOP) does nothing.
       time.sleep(0.05)
 
-  def for_client(self, c):
-    def exchange(row):
-      self.freeze_if_stuck(c)
-      with self.cond:
-        my_round = self.round
-        self.rows[c] = row.copy()
-        if len(self.rows) == self.n:
-          self.result = sum(self.rows.values())
-          self.rows = {}
-          self.round += 1
-          self.cond.notify_all()
-        else:
-          self.cond.wait_for(lambda: self.round > my_round)
-        return self.result.copy()
-    return exchange
+  def all_reduce(self, c, row):
+    self.freeze_if_stuck(c)
+    with self.cond:
+      my_round = self.round
+      self.rows[c] = row.copy()
+      if len(self.rows) == self.n:
+        self.result = sum(self.rows.values())
+        self.rows = {}
+        self.round += 1
+        self.cond.notify_all()
+      else:
+        self.cond.wait_for(lambda: self.round > my_round)
+      return self.result.copy()
 
 
 class Store:
@@ -59,17 +59,15 @@ class Store:
     self.texts = {}
     self.lock = threading.Condition()
 
-  def roll_call_for(self, c):
-    def roll_call(beat, grace):
-      self.ex.freeze_if_stuck(c)  # A frozen process answers nothing.
-      with self.lock:
-        self.present.setdefault(beat, set()).add(c)
-      deadline = time.monotonic() + grace
-      while time.monotonic() < deadline and len(self.present[beat]) < self.ex.n:
-        time.sleep(0.01)
-      with self.lock:
-        return set(self.present[beat])
-    return roll_call
+  def roll_call(self, c, beat, grace):
+    self.ex.freeze_if_stuck(c)  # A frozen process answers nothing.
+    with self.lock:
+      self.present.setdefault(beat, set()).add(c)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and len(self.present[beat]) < self.ex.n:
+      time.sleep(0.01)
+    with self.lock:
+      return set(self.present[beat])
 
   def share(self, key, value):
     with self.lock:
@@ -80,6 +78,95 @@ class Store:
     with self.lock:
       self.lock.wait_for(lambda: key in self.texts, timeout)
       return self.texts.get(key)
+
+
+class ThreadExchange(Exchange):
+  """Client `c`'s end of the in-process exchange and store."""
+
+  def __init__(self, ex, store, c, closed=None):
+    self.ex, self.store, self.c, self.closed = ex, store, c, closed
+
+  def all_reduce(self, row):
+    return self.ex.all_reduce(self.c, row)
+
+  def roll_call(self, beat, grace):
+    return self.store.roll_call(self.c, beat, grace)
+
+  def share(self, key, value):
+    self.store.share(key, value)
+
+  def fetch(self, key, timeout):
+    return self.store.fetch(key, timeout)
+
+  def close(self, timeout):
+    if self.closed is not None:
+      self.closed.append(self.c)
+    return True
+
+
+class Echo(Exchange):
+  """One client's view of a sum it alone takes part in; `store` shares texts."""
+
+  def __init__(self, store=None):
+    self.store = store
+
+  def all_reduce(self, row):
+    return row
+
+  def share(self, key, value):
+    if self.store is not None:
+      self.store.share(key, value)
+
+  def fetch(self, key, timeout):
+    return self.store.fetch(key, timeout) if self.store is not None else None
+
+
+class Hooks(ProcessHooks):
+  """The process: exits and reports recorded, CPU time 0, a settable clock."""
+
+  def __init__(self, exits=None, reported=None, now=None):
+    self.exits = exits if exits is not None else []
+    self.reported = reported if reported is not None else []
+    self.now = now
+
+  def terminate(self, code):
+    self.exits.append(code)
+
+  def tell_launcher(self, clients, why):
+    self.reported.append((clients, why))
+
+  def cpu_seconds(self):
+    return 0.0
+
+  def clock(self):
+    return self.now[0] if self.now is not None else time.monotonic()
+
+
+class WaitingPeers(Peers):
+  """Records whom client 0 would wait for before it exits."""
+
+  def __init__(self):
+    self.ignored = []
+
+  def wait_peers_gone(self, timeout, ignore=()):
+    self.ignored.append(list(ignore))
+
+
+def settings(period=1.0, policy="log", stuck_timeout=None, stall_timeout=300.0,
+             stall_kill_all_waiting=False):
+  return _env.HeartbeatSettings(
+      period=period, policy=policy,
+      stuck_timeout=max(60.0, 2 * period) if stuck_timeout is None else stuck_timeout,
+      stall_timeout=stall_timeout, stall_kill_all_waiting=stall_kill_all_waiting)
+
+
+def beat(period, policy, me, n, exchange=None, **kwargs):
+  """One client's Heartbeat with `Echo` as its exchange by default."""
+  setting_names = ("stuck_timeout", "stall_timeout", "stall_kill_all_waiting")
+  chosen = {k: kwargs.pop(k) for k in setting_names if k in kwargs}
+  return heartbeat.Heartbeat(settings(period, policy, **chosen), me, n,
+                             exchange=Echo() if exchange is None else exchange,
+                             **kwargs)
 
 
 class Recorder:
@@ -103,10 +190,9 @@ def make_cluster(n, period=0.02, policy="log", stuck_timeout=3.0, **kwargs):
   exits = []
   recorders = [Recorder(f"client{c}.py:{10 + c} work") for c in range(n)]
   hbs = [heartbeat.Heartbeat(
-      period, policy, ex.for_client(c), c, n, stuck_timeout=stuck_timeout,
-      roll_call=store.roll_call_for(c), share=store.share, fetch=store.fetch,
-      recorder=recorders[c], terminate=exits.append, cpu_seconds=lambda: 0.0,
-      **kwargs) for c in range(n)]
+      settings(period, policy, stuck_timeout=stuck_timeout, **kwargs), c, n,
+      exchange=ThreadExchange(ex, store, c), process=Hooks(exits),
+      recorder=recorders[c]) for c in range(n)]
   threads = [threading.Thread(target=h.first_exchange) for h in hbs]
   for t in threads:
     t.start()
@@ -142,9 +228,9 @@ def test_every_client_at_exit_is_the_agreed_end_with_a_teardown():
   ex = SumExchange(2)
   closed = []
   recorders = [Recorder(), Recorder()]
-  hbs = [heartbeat.Heartbeat(0.02, "terminate", ex.for_client(c), c, 2,
-                             recorder=recorders[c], cpu_seconds=lambda: 0.0,
-                             close_exchange=lambda t, c=c: closed.append(c) or True)
+  hbs = [heartbeat.Heartbeat(settings(0.02, "terminate"), c, 2,
+                             exchange=ThreadExchange(ex, Store(ex), c, closed),
+                             process=Hooks(), recorder=recorders[c])
          for c in range(2)]
   for h in hbs:
     h.start_threads()
@@ -202,8 +288,7 @@ def test_a_slow_beat_within_the_stuck_timeout_is_left_alone():
 
 def test_a_client_that_finds_itself_frozen_names_itself():
   now = [100.0]
-  hb = heartbeat.Heartbeat(0.05, "terminate", lambda r: r, 1, 3, stuck_timeout=3,
-                           clock=lambda: now[0], terminate=lambda c: None)
+  hb = beat(0.05, "terminate", 1, 3, stuck_timeout=3, process=Hooks(now=now))
   hb.start_threads()
   time.sleep(0.2)
   now[0] += 10.0  # The process was stopped for 10 s (SIGSTOP, then SIGCONT).
@@ -217,9 +302,7 @@ def test_a_client_that_finds_itself_frozen_names_itself():
 
 def test_a_client_named_by_a_peer_is_the_root_cause():
   codes, reported = [], []
-  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 1, 3,
-                           terminate=codes.append,
-                           report=lambda c, why: reported.append((c, why)))
+  hb = beat(1, "terminate", 1, 3, process=Hooks(codes, reported))
   hb.peer_reported([1], "heartbeat: client 1 missed beat 5 (last seen 3.2 s ago)", 0)
   assert codes == [heartbeat.OWN_FAILURE_EXIT_CODE]  # Not 75: it is the cause.
   assert str(hb.failure) == (
@@ -234,10 +317,9 @@ def judge(n, states, period=1.0, stall=300.0, kill_all=False, me=0, joined=None)
   shared = Store(SumExchange(n))
   if me != 1:
     shared.share("stall/0", "data.py:88 next_batch <- train.py:40 main")
-  hb = heartbeat.Heartbeat(period, "log", lambda r: r, me, n, stall_timeout=stall,
-                           stall_kill_all_waiting=kill_all, share=shared.share,
-                           fetch=shared.fetch,
-                           recorder=Recorder("data.py:88 next_batch <- train.py:40 main"))
+  hb = beat(period, "log", me, n, Echo(shared), stall_timeout=stall,
+            stall_kill_all_waiting=kill_all,
+            recorder=Recorder("data.py:88 next_batch <- train.py:40 main"))
   phases, seconds, busy = (np.array(v) for v in zip(*states))
   hb._judge(phases, seconds, busy, None if joined is None else np.array(joined))
   return hb.failure
@@ -287,7 +369,7 @@ def test_a_client_still_in_its_set_up_is_never_a_staller():
 
 
 def test_the_joined_bit_rides_in_the_phase_slot():
-  layout = heartbeat.BeatLayout(3)
+  layout = protocol.BeatLayout(3)
   rows = [layout.row(c, 9, False, (RUNNING, WAITING, IN_JAX)[c], 5, 1, joined=c != 0)
           for c in range(3)]
   merged = np.sum(rows, axis=0)
@@ -296,7 +378,7 @@ def test_the_joined_bit_rides_in_the_phase_slot():
 
 
 def test_a_collective_that_gave_up_on_a_late_client_names_it():
-  hb = heartbeat.Heartbeat(1.0, "log", lambda r: r, 0, 4)
+  hb = beat(1.0, "log", 0, 4)
   merged = np.sum([hb.layout.row(c, 9, False, WAITING if c != 3 else RUNNING, 30, 1,
                                  joined=c != 3) for c in range(4)], axis=0)
   hb.cluster, hb.cluster_joined = hb.layout.states(merged), hb.layout.joined(merged)
@@ -374,7 +456,7 @@ def test_a_wrong_sum_is_not_reported_as_a_contradiction():
   """Seen before the private runtime: 'it sent token 12927, the cluster's is
   12927'. A slot only its owner writes that comes back wrong means the
   exchange itself is broken, and the message says so."""
-  hb = heartbeat.Heartbeat(1, "log", lambda r: r, 2, 3)
+  hb = beat(1, "log", 2, 3)
   hb.token = 12927
   hb.beats = 5
   hb._token_mismatch(np.array([12927, 12927, 4242]))
@@ -387,14 +469,14 @@ def test_a_wrong_sum_is_not_reported_as_a_contradiction():
 
 def test_links_only_heartbeat_stops_and_names_a_dead_client():
   """Without the private runtime: no beats; the liveness links still work."""
-  hb = heartbeat.Heartbeat(0.05, "log", None, 0, 3)
+  hb = heartbeat.Heartbeat(settings(0.05), 0, 3)
   hb.start_threads()
   assert hb.ready.wait(1)
   hb.peer_died(2, "its process ended without saying goodbye")
   assert str(hb.failure) == ("heartbeat: client 2 is gone (its process ended "
                              "without saying goodbye); carrying on (policy 'log')")
   assert hb.stop(timeout=1)
-  quiet = heartbeat.Heartbeat(0.05, "log", None, 0, 3)
+  quiet = heartbeat.Heartbeat(settings(0.05), 0, 3)
   quiet.start_threads()
   assert quiet.stop(timeout=1) and quiet.failure is None and quiet.beats == 0
 
@@ -409,7 +491,7 @@ def test_links_only_heartbeat_stops_and_names_a_dead_client():
 ])
 def test_a_departure_with_a_failure_stops_the_others_at_once(why, expected):
   codes = []
-  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=codes.append)
+  hb = beat(1, "terminate", 0, 3, process=Hooks(codes))
   hb.peer_left(1, 1, why, True)
   assert str(hb.failure) == expected and codes == [heartbeat.EXIT_CODE]
 
@@ -419,23 +501,21 @@ def test_client_0_waits_for_a_leaving_culprit_but_not_for_a_silent_one():
   process to end, except a culprit that may never end (stalled, stopped);
   one that announced its departure is on its way out and is waited for
   (ending the services under it would abort it from C++)."""
-  waited = []
-  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=lambda c: None,
-                           wait_peers_gone=lambda t, ignore: waited.append(list(ignore)))
+  peers = WaitingPeers()
+  hb = beat(1, "terminate", 0, 3, peers=peers, process=Hooks())
   hb.peer_left(1, 0, "exited (code 0)", False)  # Ended its script early...
   hb._fail("heartbeat: client 1 exited (code 0) while the others were still "
            "running", [1])  # ... and is named for it: wait for it too.
-  assert waited == [[]]
-  waited.clear()
-  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=lambda c: None,
-                           wait_peers_gone=lambda t, ignore: waited.append(list(ignore)))
+  assert peers.ignored == [[]]
+  peers = WaitingPeers()
+  hb = beat(1, "terminate", 0, 3, peers=peers, process=Hooks())
   hb._fail("heartbeat: client 2 stalled", [2])
-  assert waited == [[2]]
+  assert peers.ignored == [[2]]
 
 
 def test_a_finished_client_only_logs_what_happens_to_the_others():
   codes = []
-  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=codes.append)
+  hb = beat(1, "terminate", 0, 3, process=Hooks(codes))
   hb.peer_left(2, 0, "exited (code 0)", False)  # A normal end: nothing to do.
   assert hb.failure is None and 2 in hb.departed
   hb.finish()
@@ -447,7 +527,7 @@ def test_a_finished_client_only_logs_what_happens_to_the_others():
 
 def test_a_client_leaving_with_a_failure_reacts_to_nothing():
   codes = []
-  hb = heartbeat.Heartbeat(1, "terminate", lambda r: r, 0, 3, terminate=codes.append)
+  hb = beat(1, "terminate", 0, 3, process=Hooks(codes))
   hb.abandon()
   hb.peer_died(1, "its process ended without saying goodbye")
   assert codes == [] and hb.failure is None
@@ -466,7 +546,7 @@ def test_peer_died_after_agreed_stop_is_not_a_failure():
 def test_beat_stuck_after_every_client_started_it():
   ex, hbs, exits, _ = make_cluster(2, period=0.05, policy="raise")
   hbs[1].start_threads = lambda: None  # Client 1 never beats again...
-  threading.Thread(target=hbs[1]._roll_call, args=(1, 6.0), daemon=True).start()
+  threading.Thread(target=hbs[1]._exchange.roll_call, args=(1, 6.0), daemon=True).start()
   hbs[0].start_threads()  # ...although it answers beat 1's roll call.
   assert hbs[0].stopped.wait(10)
   assert str(hbs[0].failure).startswith("heartbeat: beat 1 did not complete within 3 s "
@@ -475,7 +555,7 @@ def test_beat_stuck_after_every_client_started_it():
 
 
 def test_the_beat_layout_keeps_each_clients_slots_apart():
-  layout = _beat.BeatLayout(3)
+  layout = protocol.BeatLayout(3)
   rows = [layout.row(c, 77, c == 2, (RUNNING, WAITING, AT_EXIT)[c], 10 * c, c)
           for c in range(3)]
   merged = sum(rows)
@@ -498,10 +578,10 @@ def test_configuration_checks():
     read({"JDTENSOR_HEARTBEAT_POLICY": "abort"})
   assert str(e.value) == ("JDTENSOR_HEARTBEAT_POLICY='abort' is not one of "
                           "terminate, raise, log.")
-  with pytest.raises(ConfigError, match="period=-1 must be a finite number"):
-    heartbeat.Heartbeat(-1, "log", lambda r: r, 0, 2)
-  with pytest.raises(ConfigError, match="policy='loud' is not one of"):
-    heartbeat.Heartbeat(1, "loud", lambda r: r, 0, 2)
+  with pytest.raises(ConfigError, match="^period='-1' must be"):
+    read({}, period=-1)
+  with pytest.raises(ConfigError, match="^policy='loud' is not one of"):
+    read({}, policy="loud")
 
 
 @pytest.mark.parametrize("env,coordination,name,message", [

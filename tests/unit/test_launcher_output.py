@@ -3,15 +3,14 @@
 import io
 import time
 
-from jdtensor import _supervisor, cli
+from jdtensor import cli
+from jdtensor.launcher import output
+from jdtensor.launcher.output import Output, segments
 
 
 def pump(lines):
-  sup = _supervisor._Supervisor.__new__(_supervisor._Supervisor)
-  sup.write_lock = __import__("threading").Lock()
-  sup.output_closed = False
   sink = io.StringIO()
-  sup._pump(1, io.BytesIO("".join(lines).encode()), sink)
+  Output(sink, sink).pump(1, io.BytesIO("".join(lines).encode()), sink)
   return sink.getvalue()
 
 
@@ -37,16 +36,13 @@ def test_fragments_only_right_after_a_notice():
 
     def read1(self, size):
       if len(self.chunks) == 1:
-        time.sleep(_supervisor._GLOO_FRAGMENT_SECONDS + 0.1)
+        time.sleep(output._GLOO_FRAGMENT_SECONDS + 0.1)
       return self.chunks.pop(0) if self.chunks else b""
 
     def close(self):
       pass
-  sup = _supervisor._Supervisor.__new__(_supervisor._Supervisor)
-  sup.write_lock = __import__("threading").Lock()
-  sup.output_closed = False
   sink = io.StringIO()
-  sup._pump(1, SlowPipe([("x\n" + GLOO + "\n").encode(), b"\n"]), sink)
+  Output(sink, sink).pump(1, SlowPipe([("x\n" + GLOO + "\n").encode(), b"\n"]), sink)
   # The first empty line came within the window (dropped); the second after.
   assert sink.getvalue() == "[client 1] x\n[client 1] \n"
 
@@ -65,11 +61,10 @@ def test_progress_updates_are_passed_on_as_they_come():
   """tqdm ends each update with a carriage return and no newline: each is
   shown at once (a terminal draws it over the last), CRLF is one line."""
   import os
-  from jdtensor._supervisor import _segments
   r, w = os.pipe()
   os.write(w, b"start\n 10%|#  |\r 20%|## |\r 30%|###|\r\nend\r\nlast")
   os.close(w)
-  assert list(_segments(os.fdopen(r, "rb"))) == [
+  assert list(segments(os.fdopen(r, "rb"))) == [
       (b"start", "\n"), (b" 10%|#  |", "\r"), (b" 20%|## |", "\r"),
       (b" 30%|###|", "\n"), (b"end", "\n"), (b"last", "\n")]
 
@@ -77,10 +72,9 @@ def test_progress_updates_are_passed_on_as_they_come():
 def test_a_progress_bar_s_closing_newline_in_its_own_read_is_not_a_blank_line():
   import os
   import threading
-  from jdtensor._supervisor import _segments
   r, w = os.pipe()
   got = []
-  reader = threading.Thread(target=lambda: got.extend(_segments(os.fdopen(r, "rb"))))
+  reader = threading.Thread(target=lambda: got.extend(segments(os.fdopen(r, "rb"))))
   reader.start()
   os.write(w, b" 99%\r")
   import time

@@ -48,8 +48,8 @@ def test_spec_validation(kwargs, message):
 def test_held_ports_are_never_handed_out_again_until_released():
   """Two launchers on one host (multi-node on loopback) pick their clients'
   ports while the other's are held: never the same port."""
-  from jdtensor import _supervisor  # pylint: disable=g-import-not-at-top
-  held = _supervisor.HeldPorts(4)
+  from jdtensor.launcher import spec  # pylint: disable=g-import-not-at-top
+  held = spec.HeldPorts(4)
   try:
     for _ in range(200):
       assert not set(launcher.free_ports(4)) & set(held.ports)

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from jdtensor import _rendezvous
+from jdtensor import _wire
+from jdtensor.runtime import rendezvous as rendezvous_mod
 from jdtensor._deadline import Deadline
-from jdtensor._rendezvous import Hello, rendezvous
+from jdtensor.runtime.rendezvous import Hello, rendezvous
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.launcher import free_ports
 
@@ -60,7 +61,7 @@ def connect_when_up(port, timeout=5.0):
 
 def close(meetings):
   for m in meetings:
-    if isinstance(m, _rendezvous.Meeting):
+    if isinstance(m, rendezvous_mod.Meeting):
       for sock in m.links._sockets.values():
         sock.close()
       if m.heartbeat_socket is not None:
@@ -71,7 +72,7 @@ def test_authenticated_clients_meet_and_share_the_heartbeat_port():
   jobs = cluster(3)
   out = meet([hello(jobs, c) for c in range(3)], [SECRET] * 3)
   try:
-    assert all(isinstance(m, _rendezvous.Meeting) for m in out), out
+    assert all(isinstance(m, rendezvous_mod.Meeting) for m in out), out
     assert len({m.heartbeat_port for m in out}) == 1
     assert out[0].heartbeat_socket is not None
   finally:
@@ -82,7 +83,7 @@ def test_unauthenticated_clients_still_meet():
   jobs = cluster(2)
   out = meet([hello(jobs, c) for c in range(2)], [None, None])
   try:
-    assert all(isinstance(m, _rendezvous.Meeting) for m in out), out
+    assert all(isinstance(m, rendezvous_mod.Meeting) for m in out), out
   finally:
     close(out)
 
@@ -119,7 +120,7 @@ def test_unauthenticated_errors_do_not_show_client_0s_values():
     (b"[]\n", "it sent a frame that is not a JSON object"),
     (b"not json\n", "it sent a frame that is not JSON"),
     (b'{"jdtensor": 2}\n', "it sent a malformed authentication"),
-    (b"x" * (_rendezvous.MAX_FRAME + 10), "it sent more than 65536 bytes without a "
+    (b"x" * (_wire.MAX_FRAME + 10), "it sent more than 65536 bytes without a "
      "line end"),
 ], ids=["list", "text", "incomplete", "oversized"])
 def test_garbage_is_refused_without_stopping_client_0(data, reason, caplog):
@@ -145,7 +146,7 @@ def test_garbage_is_refused_without_stopping_client_0(data, reason, caplog):
     real = rendezvous(hello(jobs, 1), jobs[0], ("127.0.0.1", port), Deadline(5), SECRET)
     t.join(10)
   try:
-    assert isinstance(out[0], _rendezvous.Meeting), out[0]
+    assert isinstance(out[0], rendezvous_mod.Meeting), out[0]
     assert any(reason in r.getMessage() for r in caplog.records), caplog.text
   finally:
     close([out[0], real])
@@ -160,7 +161,7 @@ def test_the_challenge_says_nothing_about_the_cluster():
   with s:
     challenge = json.loads(s.recv(4096))
   assert sorted(challenge) == ["auth", "jdtensor", "nonce", "run"]
-  assert challenge["run"] == _rendezvous.run_id(SECRET) and challenge["auth"] is True
+  assert challenge["run"] == rendezvous_mod.run_id(SECRET) and challenge["auth"] is True
   t.join(5)
 
 

@@ -1,8 +1,9 @@
 """`jdtensor launch`: DTensor clients, supervised like torchrun/mpirun.
 
 PURE of JAX: the parent only spawns and watches processes. One node's clients
-run under `jdtensor._supervisor`; several nodes (``--nnodes``), and restarts
-(``--max-restarts``), are driven by `jdtensor._nodes` on top of it.
+run under `jdtensor.launcher.supervisor`; several nodes (``--nnodes``), and
+restarts (``--max-restarts``), are driven by `jdtensor.launcher.nodes` on top
+of it. The public names are this module's `__all__`.
 
 Each client gets ``DTENSOR_CLIENT_ID``, ``DTENSOR_NUM_CLIENTS``,
 ``DTENSOR_JOB_NAME=worker`` and ``DTENSOR_JOBS`` (``localhost:<port>`` per
@@ -31,11 +32,13 @@ import sys
 from collections.abc import Mapping
 from typing import IO
 
-from jdtensor import _nodes
-from jdtensor._supervisor import (EXIT_TIMEOUT, Attempt, Failure, Interrupt,
-                                  LaunchResult, LaunchSpec, Signals,
-                                  describe_exit, free_ports, is_gloo_noise,
-                                  run_attempt, stop_process_groups, worker_env)
+from jdtensor._report import describe_exit
+from jdtensor.launcher import nodes
+from jdtensor.launcher.output import is_gloo_noise
+from jdtensor.launcher.processes import stop_process_groups
+from jdtensor.launcher.spec import (EXIT_TIMEOUT, Attempt, Failure, Interrupt,
+                                    LaunchResult, LaunchSpec, free_ports, worker_env)
+from jdtensor.launcher.supervisor import Signals, run_attempt
 
 __all__ = ["LaunchSpec", "LaunchResult", "Attempt", "Failure", "Interrupt",
            "free_ports", "worker_env", "launch", "run_attempt", "is_gloo_noise",
@@ -48,7 +51,7 @@ def launch(spec: LaunchSpec, out: IO[str] | None = None,
   """Runs `spec` to completion; see the module docstring.
 
   SIGINT and SIGTERM (when called from the main thread) stop every client.
-  Several nodes, or restarts: see `jdtensor._nodes`.
+  Several nodes, or restarts: see `jdtensor.launcher.nodes`.
 
   Args:
     spec: What to launch.
@@ -71,4 +74,4 @@ def launch(spec: LaunchSpec, out: IO[str] | None = None,
   with Signals(Interrupt()) as signals:
     if spec.nnodes == 1 and spec.max_restarts == 0:
       return run_attempt(spec, Attempt.local(spec), out, err, base, signals)
-    return _nodes.run(spec, out, err, base, signals)
+    return nodes.run(spec, out, err, base, signals)

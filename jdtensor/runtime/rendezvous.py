@@ -54,13 +54,13 @@ from typing import Any
 
 from jdtensor import _logging as logging
 from jdtensor._deadline import Deadline
-from jdtensor._links import MAX_FRAME, Links
+from jdtensor._wire import (MAX_FRAME, Frames, encode, format_host_port, handshake_proof,
+                            split_host_port)
+from jdtensor.runtime.links import Links
 from jdtensor.errors import StartupError, StartupTimeoutError
 
-__all__ = ["Hello", "Meeting", "split_host_port", "bind_address",
-           "reserve_port", "rendezvous", "wait_for_service", "run_id",
-           "jobs_digest", "MAX_FRAME", "STAGE_SECONDS", "handshake_proof", "Frames",
-           "format_host_port"]
+__all__ = ["Hello", "Meeting", "bind_address", "reserve_port", "rendezvous",
+           "wait_for_service", "run_id", "jobs_digest", "STAGE_SECONDS"]
 
 _PROTOCOL = 2
 # The time a peer has for each stage of the handshake on client 0 (a
@@ -83,14 +83,6 @@ def run_id(secret: str | None) -> str:
 def jobs_digest(jobs: Sequence[str]) -> str:
   """What clients compare instead of sending ``DTENSOR_JOBS`` itself."""
   return hashlib.sha256(",".join(jobs).encode()).hexdigest()
-
-
-def handshake_proof(secret: str | None, *parts: str) -> str:
-  """HMAC-SHA256 of `parts` under `secret` ("" without one): every handshake's
-  proof (clients here, launchers in `jdtensor._nodes`)."""
-  if not secret:
-    return ""
-  return hmac.new(secret.encode(), "|".join(parts).encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -157,12 +149,6 @@ class _PeerHello:
                integer("local_devices", 0, 10**9), heartbeat, settings)
 
 
-def split_host_port(address: str) -> tuple[str, int]:
-  """``'host:port'`` or ``'[v6]:port'`` -> (host, port)."""
-  host, _, port = address.rpartition(":")
-  return host.strip("[]"), int(port)
-
-
 def bind_address(coordinator: str, host: str | None, port: int | None
                  ) -> tuple[str, int]:
   """Where client 0 binds the coordinator: `coordinator`'s host and port,
@@ -172,11 +158,6 @@ def bind_address(coordinator: str, host: str | None, port: int | None
   if host is None:
     host = "127.0.0.1" if default_host == "localhost" else default_host
   return host, default_port if port is None else port
-
-
-def format_host_port(host: str, port: int) -> str:
-  """(host, port) -> ``'host:port'``, or ``'[v6]:port'``."""
-  return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _listen(host: str, port: int, coordinator: str) -> socket.socket:
@@ -224,38 +205,12 @@ def reserve_port(host: str) -> socket.socket:
   return sock
 
 
-class Frames:
-  """Newline-ended JSON objects from a byte stream, at most `MAX_FRAME` each."""
-
-  def __init__(self) -> None:
-    self._buf = b""
-
-  def feed(self, data: bytes) -> list[dict[str, Any]]:
-    """The complete frames so far; ValueError for anything malformed."""
-    self._buf += data
-    frames = []
-    while b"\n" in self._buf:
-      line, self._buf = self._buf.split(b"\n", 1)
-      if len(line) > MAX_FRAME:
-        raise ValueError(f"a frame of {len(line)} bytes (at most {MAX_FRAME})")
-      try:
-        frame = json.loads(line)
-      except (ValueError, RecursionError):
-        raise ValueError("a frame that is not JSON") from None
-      if not isinstance(frame, dict):
-        raise ValueError("a frame that is not a JSON object")
-      frames.append(frame)
-    if len(self._buf) > MAX_FRAME:
-      raise ValueError(f"more than {MAX_FRAME} bytes without a line end")
-    return frames
-
-
 def _send(sock: socket.socket, frame: dict[str, Any]) -> bool:
   """Sends one frame; False if the peer is gone."""
   try:
     sock.setblocking(True)
     sock.settimeout(STAGE_SECONDS)
-    sock.sendall((json.dumps(frame) + "\n").encode())
+    sock.sendall(encode(frame))
     return True
   except OSError:
     return False

@@ -6,7 +6,7 @@ client dies, hangs, stalls, leaves early or restarts, the others notice
 within a bounded time and every one of them
 names the same client and reason (TF DTensor's heartbeat logs forever and
 never stops in its open-source build). The protocol itself (beats, watchdog,
-verdicts, policies) is `jdtensor._beat.Heartbeat`; this module wires it.
+verdicts, policies) is `jdtensor.heartbeat.protocol.Heartbeat`; this module wires it.
 
 **Invisible to JAX.** XLA collectives on one device group are matched across
 processes only by issue order, so a background all-reduce on devices that
@@ -14,7 +14,7 @@ user code also uses corrupts results or crashes gloo, and ``jax.thread_guard``
 forbids any multi-process XLA program off the guarded thread. A beat
 therefore runs no XLA program: it sums one row per client through a private
 coordination service that JAX's backend registry never sees
-(`jdtensor._jax_private.PrivateRuntime`, on a port client 0 reserved at
+(`jdtensor.runtime.jax_private.PrivateRuntime`, on a port client 0 reserved at
 start-up). The user's ``jax.devices()``, ``jax.make_mesh``,
 ``multihost_utils``, ``pmap`` and orbax see exactly what raw
 ``jax.distributed`` shows. The private runtime starts on the heartbeat
@@ -47,133 +47,28 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import IO, Any
 
-import numpy as np
-from jdtensor import _logging as logging
-
 from jdtensor import _env, runtime
-from jdtensor._beat import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, OWN_FAILURE_EXIT_CODE,
-                            HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE, BeatLayout,
-                            Heartbeat)
-from jdtensor._departure import Departure, ExitGuard
+from jdtensor import _logging as logging
 from jdtensor._report import Report, mark_finished
-from jdtensor._flight import AT_EXIT, MainThreadRecorder, format_stacks, threads_inside_jax
-from jdtensor.errors import NotInitializedError
+from jdtensor.errors import PeerFailureError
+from jdtensor.heartbeat.departure import Departure, ExitGuard
+from jdtensor.heartbeat.exchange import PrivateExchange
+from jdtensor.heartbeat.flight import (AT_EXIT, MainThreadRecorder, format_stacks,
+                                       threads_inside_jax)
+from jdtensor.heartbeat.protocol import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, HOST_EXIT_WAIT,
+                                         OWN_FAILURE_EXIT_CODE, POLICIES, ROLL_CALL_GRACE,
+                                         Heartbeat, ProcessHooks)
 
-__all__ = ["start", "current", "Heartbeat", "PrivateExchange", "leave",
+__all__ = ["start", "start_with", "current", "Heartbeat", "PrivateExchange", "leave",
            "blame_peer", "install_exit_guard", "dump_stacks", "EXIT_CODE",
            "OWN_FAILURE_EXIT_CODE", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
            "ROLL_CALL_GRACE"]
 
-_KV_PREFIX = "jdtensor/heartbeat/"
-
 _lock = threading.Lock()
 _current: Heartbeat | None = None
-
-
-class PrivateExchange:
-  """The production exchange: a sum of rows on the private runtime.
-
-  `open` (on the heartbeat thread) starts the runtime. A beat costs one
-  all-reduce and nothing else; only an overdue beat holds a roll call in the
-  runtime's key-value store. A client's start marker goes to the user's
-  coordination service (the private one connects only once every client has
-  started), so that a client that never starts the heartbeat can be named.
-
-  Args:
-    client_id, num_clients: This client and the cluster size.
-    width: Length of the summed vector.
-    service: (host, port, reserved socket) from `runtime.heartbeat_service`.
-    shutdown_timeout: Seconds the collective teardown may wait.
-  """
-
-  def __init__(self, client_id: int, num_clients: int, width: int,
-               service: tuple[str, int, Any], shutdown_timeout: float):
-    self.client_id, self.num_clients, self.width = client_id, num_clients, width
-    self._service = service
-    self._shutdown_timeout = shutdown_timeout
-    self.runtime: Any = None
-
-  def open(self) -> None:
-    from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
-    host, port, reserved = self._service
-    # No time-out of its own: jdtensor's watchdog bounds the first exchange,
-    # and the private runtime's time-outs abort the process from C++.
-    self.runtime = _jax_private.PrivateRuntime(
-        self.client_id, self.num_clients, host, port, self.width,
-        connect_timeout=24 * 3600, service_socket=reserved,
-        shutdown_timeout=self._shutdown_timeout)
-
-  def __call__(self, row: np.ndarray) -> np.ndarray:
-    return self.runtime.all_reduce(row)
-
-  def _store(self, private: bool) -> Any:
-    if private:
-      return self.runtime.client
-    from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
-    client = _jax_private.coordination_client()
-    if client is None:
-      raise NotInitializedError("No multi-client runtime: call "
-                                "initialize_accelerator_system() first.")
-    return client
-
-  def roll_call(self, beat: int, grace: float) -> set[int] | None:
-    """Says "this client is in `beat`"; who else said so within `grace` s.
-
-    Beat 0 (the start) goes to the user's coordination service: the private
-    one is not connected until every client has started.
-    """
-    private = beat > 0 and self.runtime is not None
-    store = self._store(private)
-    prefix = f"{_KV_PREFIX}{'beat/' + str(beat) if private else 'started'}/"
-    # Each call on a helper thread: a dead coordinator cannot block us.
-    if _bounded(lambda: store.key_value_set(f"{prefix}{self.client_id}", "1",
-                                            allow_overwrite=True) or True,
-                timeout=1.0) is None:
-      return None
-    deadline = time.monotonic() + grace
-    while True:
-      entries = _bounded(lambda: dict(store.key_value_dir_get(prefix)),
-                         timeout=1.0)
-      if entries is None:
-        return None
-      present = {int(key.rsplit("/", 1)[-1]) for key in entries}
-      if len(present) >= self.num_clients or time.monotonic() >= deadline:
-        return present
-      time.sleep(0.05)
-
-  def share(self, key: str, value: str) -> None:
-    """Publishes `value` under `key` for every client (private store)."""
-    if self.runtime is not None:
-      _bounded(lambda: self.runtime.client.key_value_set(
-          f"{_KV_PREFIX}{key}", value, allow_overwrite=True) or True, timeout=1.0)
-
-  def fetch(self, key: str, timeout: float) -> str | None:
-    """What some client published under `key`, waiting up to `timeout` s."""
-    if self.runtime is None:
-      return None
-    return _bounded(lambda: self.runtime.client.blocking_key_value_get(
-        f"{_KV_PREFIX}{key}", max(1, int(timeout * 1000))), timeout=timeout + 1)
-
-  def close(self, timeout: float) -> bool:
-    return self.runtime.close(timeout) if self.runtime is not None else True
-
-
-def _bounded(fn: Callable[[], Any], timeout: float) -> Any:
-  """`fn()` on a helper thread; None if it fails or takes over `timeout` s."""
-  out: list[Any] = []
-
-  def call() -> None:
-    try:
-      out.append(fn())
-    except Exception:  # pylint: disable=broad-except
-      pass
-  thread = threading.Thread(target=call, daemon=True, name="jdtensor-kv")
-  thread.start()
-  thread.join(timeout)
-  return out[0] if out else None
+_exchange: PrivateExchange | None = None  # The current heartbeat's, if any.
 
 
 def current() -> Heartbeat | None:
@@ -194,21 +89,33 @@ def _warn_links_only(reason: str) -> None:
         "out-of-sync client is not.", reason)
 
 
-def _launcher_report(client_id: int, directory: str | None, departure: bool = False
-                     ) -> Callable[[list[int], str], None]:
+def _tell_launcher(client_id: int, culprits: list[int], why: str,
+                   departure: bool = False) -> None:
   """Writes where `jdtensor launch` reads it (``JDTENSOR_REPORT_DIR``) whom
-  this client blames, or (`departure`) when it left with a failure of its
+  this client blames, or (`departure`) that it left with a failure of its
   own: the launcher's root cause is the client that failed first, and client
   0 leaves last on purpose."""
+  directory = _env.read_report_dir()
+  if not directory:
+    return
+  try:
+    Report(client_id, tuple(culprits), why, time.time(), departure).write(directory)
+  except OSError:
+    pass  # The launcher then falls back to exit codes and times.
 
-  def report(culprits: list[int], why: str) -> None:
-    if not directory:
-      return
-    try:
-      Report(client_id, tuple(culprits), why, time.time(), departure).write(directory)
-    except OSError:
-      pass  # The launcher then falls back to exit codes and times.
-  return report
+
+class _ClientProcess(ProcessHooks):
+  """This client's process: the real exit, the launcher's report, and the
+  failure kept for the next jdtensor call (policy raise)."""
+
+  def __init__(self, client_id: int):
+    self.client_id = client_id
+
+  def tell_launcher(self, clients: list[int], why: str) -> None:
+    _tell_launcher(self.client_id, clients, why)
+
+  def on_failure(self, error: PeerFailureError) -> None:
+    runtime.record_peer_failure(error)
 
 
 def _live_arrays() -> Any:
@@ -216,19 +123,12 @@ def _live_arrays() -> Any:
   return jax.live_arrays()
 
 
-def _joined_collective() -> bool:
-  """Whether this client has joined a collective of the user's yet (its
-  set-up is over). On CPU, read from the gloo communicators the user's
-  backend has set up; elsewhere (or unreadable), assumed."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
-  devices = jax.local_devices()
-  if not devices or devices[0].platform != "cpu":
-    return True
-  # On a helper thread: a stopped client 0 cannot block the beat thread.
-  joined = _bounded(lambda: _jax_private.joined_gloo_collective(
-      {d.id for d in devices}), timeout=1.0)
-  return True if joined is None else joined
+def _running_event() -> threading.Event | None:
+  """The running heartbeat's stop event (with DTensor's warning), if any."""
+  if _current is not None and not _current.stopped.is_set():
+    logging.warning("A heartbeat thread is already running, skipping this one.")
+    return _current.event
+  return None
 
 
 def start(period: float, policy: str | None = None) -> threading.Event:
@@ -250,61 +150,60 @@ def start(period: float, policy: str | None = None) -> threading.Event:
     ConfigError: For a bad period or policy.
     RuntimeError: If a heartbeat already ran in this process and stopped.
   """
-  global _current
   with _lock:
-    if _current is not None and not _current.stopped.is_set():
-      logging.warning("A heartbeat thread is already running, skipping this one.")
-      return _current.event
+    running = _running_event()
+  if running is not None:  # Before reading the arguments, as DTensor does.
+    return running
+  state = runtime.state()
+  return start_with(_env.read_heartbeat_settings(
+      period=period, policy=policy,
+      coordination=state.timeouts.coordination if state.timeouts else None))
+
+
+def start_with(settings: _env.HeartbeatSettings) -> threading.Event:
+  """`start` with its settings already read and checked
+  (`initialize_accelerator_system` reads them before the cluster forms, so
+  that a bad value fails first); see `start`."""
+  with _lock:
+    running = _running_event()
+    if running is not None:
+      return running
     if _current is not None:
       raise RuntimeError(
           "The heartbeat already ran in this process and has stopped; it "
           "cannot be started again (its private runtime is torn down). Start "
           "it once per run.")
-    state = runtime.state()
-    settings = _env.read_heartbeat_settings(
-        period=period, policy=policy,
-        coordination=state.timeouts.coordination if state.timeouts else None)
-    service = runtime.heartbeat_service()
-    env = state.env
-    if env is None:
-      raise RuntimeError("jdtensor runtime state lost its cluster.")
-    n = env.num_clients
-    links = state.links
-    common: dict[str, Any] = dict(
-        stuck_timeout=settings.stuck_timeout, stall_timeout=settings.stall_timeout,
-        stall_kill_all_waiting=settings.stall_kill_all_waiting,
-        recorder=MainThreadRecorder(n, _live_arrays),
-        terminate=os._exit,
-        announce=links.report if links is not None else None,
-        wait_peers_gone=links.wait_peers_gone if links is not None else None,
-        report=_launcher_report(env.client_id,
-                                _env.read_report_dir()),
-        on_failure=runtime.record_peer_failure)
-    from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
-    reason = _jax_private.unavailable_reason()
-    if reason is not None:
-      if service[2] is not None:
-        service[2].close()
-      _warn_links_only(reason)
-      heartbeat = Heartbeat(settings.period, settings.policy, None,
-                            env.client_id, n, **common)
-    else:
-      exchange = PrivateExchange(env.client_id, n, BeatLayout(n).width, service,
-                                 state.timeouts.shutdown)
-      heartbeat = Heartbeat(settings.period, settings.policy, exchange,
-                            env.client_id, n, roll_call=exchange.roll_call,
-                            share=exchange.share, fetch=exchange.fetch,
-                            open_exchange=exchange.open,
-                            joined_collective=_joined_collective,
-                            close_exchange=exchange.close,
-                            close_timeout=state.timeouts.shutdown, **common)
-    # The private runtime starts and the first exchange runs on the heartbeat
-    # thread, off the caller's critical path.
-    heartbeat.start_threads()
-    if links is not None:
-      links.watch(heartbeat)
-    _current = heartbeat
-    return heartbeat.event
+    return _start(settings)
+
+
+def _start(settings: _env.HeartbeatSettings) -> threading.Event:
+  """Starts this client's heartbeat (under `_lock`)."""
+  global _current, _exchange
+  state = runtime.state()
+  service = runtime.heartbeat_service()
+  env = state.env
+  if env is None:
+    raise RuntimeError("jdtensor runtime state lost its cluster.")
+  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
+  reason = jax_private.unavailable_reason()
+  exchange = None
+  if reason is not None:
+    if service[2] is not None:
+      service[2].close()
+    _warn_links_only(reason)
+  else:
+    exchange = PrivateExchange(env.client_id, env.num_clients, service,
+                               state.timeouts.shutdown)
+  heartbeat = Heartbeat(settings, env.client_id, env.num_clients, exchange=exchange,
+                        peers=state.links, process=_ClientProcess(env.client_id),
+                        recorder=MainThreadRecorder(env.num_clients, _live_arrays))
+  # The private runtime starts and the first exchange runs on the heartbeat
+  # thread, off the caller's critical path.
+  heartbeat.start_threads()
+  if state.links is not None:
+    state.links.watch(heartbeat)
+  _current, _exchange = heartbeat, exchange
+  return heartbeat.event
 
 
 def blame_peer(departure: Departure) -> Departure:
@@ -344,9 +243,8 @@ def leave(departure: Departure) -> bool:
   clean = _leave(departure)
   hb = _current
   if not clean and hb is not None:
-    from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
-    _jax_private.keep_alive(getattr(getattr(hb, "_exchange", None), "runtime",
-                                    None))
+    from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
+    jax_private.keep_alive(_exchange.runtime if _exchange is not None else None)
   return clean
 
 
@@ -376,8 +274,7 @@ def _leave(departure: Departure) -> bool:
     else:
       if links is not None:
         links.announce_departure(departure.code, departure.why, True)
-      _launcher_report(me, _env.read_report_dir(), departure=True)(
-          [me], departure.why)
+      _tell_launcher(me, [me], departure.why, departure=True)
       sys.stderr.write(f"jdtensor: client {me} {departure.why}; the other clients "
                        "have been told.\n")
     sys.stderr.flush()
@@ -419,7 +316,7 @@ _guard: ExitGuard | None = None
 def install_exit_guard() -> None:
   """Installs this client's exit hooks (multi-client runs; once)."""
   global _guard
-  from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
+  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
   with _lock:
     if _guard is not None:
       return
@@ -429,7 +326,7 @@ def install_exit_guard() -> None:
       logging.warning("jdtensor: %s", text)
       if links is not None:
         links.notice(text)
-    _guard = ExitGuard(leave, _jax_private.detach_from_jax_shutdown, thread_died,
+    _guard = ExitGuard(leave, jax_private.detach_from_jax_shutdown, thread_died,
                        blame_peer, threads_inside_jax)
     _guard.install()
     _install_stack_dump_signal()

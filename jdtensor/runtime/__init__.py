@@ -27,10 +27,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jdtensor import _env, _rendezvous
+from jdtensor import _env, _wire
+from jdtensor.runtime import rendezvous
 from jdtensor import _logging as logging
 from jdtensor._deadline import Deadline
-from jdtensor._links import Links
+from jdtensor.runtime.links import Links
 from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, AlreadyInitializedError,
                              NotInitializedError, StartupTimeoutError)
@@ -121,8 +122,8 @@ def backend_initialized() -> bool:
   """Whether a JAX backend exists in this process. Never starts one."""
   if "jax" not in sys.modules:
     return False
-  from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
-  return _jax_private.backends_initialized()
+  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
+  return jax_private.backends_initialized()
 
 
 def cpu_device_count(explicit_only: bool = False) -> int | None:
@@ -212,7 +213,7 @@ def heartbeat_service() -> tuple[str, int, Any]:
     if not _state.multi_client or _state.heartbeat_port is None:
       raise NotInitializedError("The heartbeat needs an initialised multi-client "
                                 "run (DTENSOR_JOBS with several clients).")
-    host, _ = _rendezvous.split_host_port(_state.env.coordinator_address)
+    host, _ = _wire.split_host_port(_state.env.coordinator_address)
     reserved, _state.heartbeat_socket = _state.heartbeat_socket, None
     return host, _state.heartbeat_port, reserved
 
@@ -321,7 +322,7 @@ def _job_host_on_this_machine(env: _env.ClusterEnv) -> str | None:
   entry = env.jobs[env.client_id]
   if entry.startswith("/bns/"):
     return None
-  host, _ = _rendezvous.split_host_port(entry)
+  host, _ = _wire.split_host_port(entry)
   try:
     family, _, _, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
     with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -342,10 +343,10 @@ def _bind_collectives_to_job_address(host: str | None, client_id: int) -> None:
   """
   import jax  # pylint: disable=g-import-not-at-top
 
-  from jdtensor import _jax_private  # pylint: disable=g-import-not-at-top
+  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
   if host is None or jax.config.jax_cpu_collectives_implementation != "gloo":
     return
-  _jax_private.bind_cpu_collectives(host)
+  jax_private.bind_cpu_collectives(host)
   logging.info("jdtensor: CPU collectives listen on %s (DTENSOR_JOBS[%d])", host,
                client_id)
 
@@ -378,7 +379,7 @@ def _start_distributed(plan: StartupPlan) -> None:
         "before any JAX call that starts the backend (jax.devices(), creating "
         "arrays, jit).")
   coordinator = env.coordinator_address
-  bind = _rendezvous.bind_address(coordinator, *plan.bind)
+  bind = rendezvous.bind_address(coordinator, *plan.bind)
   if plan.secret is None:
     logging.warning(
         "jdtensor: the start-up handshake is not authenticated: %s is not set, "
@@ -391,8 +392,8 @@ def _start_distributed(plan: StartupPlan) -> None:
               _env.JDTENSOR_COORDINATION_TIMEOUT: timeouts.coordination,
               _env.JDTENSOR_SHUTDOWN_TIMEOUT: timeouts.shutdown,
               _env.DTENSOR_JOB_NAME: env.job_name}
-  meeting = _rendezvous.rendezvous(
-      _rendezvous.Hello(env.client_id, env.num_clients, env.jobs,
+  meeting = rendezvous.rendezvous(
+      rendezvous.Hello(env.client_id, env.num_clients, env.jobs,
                         plan.local_devices, env.heartbeat_enabled,
                         tuple(sorted(settings.items()))),
       coordinator, bind, deadline, plan.secret)
@@ -407,7 +408,7 @@ def _start_distributed(plan: StartupPlan) -> None:
   _set_cpu_device_count(plan.cpu_devices, False)
   import jax  # pylint: disable=g-import-not-at-top
   if env.client_id != 0:
-    _rendezvous.wait_for_service(coordinator, deadline, env.client_id)
+    rendezvous.wait_for_service(coordinator, deadline, env.client_id)
   if deadline.expired():
     raise StartupTimeoutError(
         f"Client {env.client_id}: start-up used up the init timeout "
@@ -422,7 +423,7 @@ def _start_distributed(plan: StartupPlan) -> None:
       initialization_timeout=deadline.whole_seconds_left(),
       heartbeat_timeout_seconds=math.ceil(timeouts.coordination),
       shutdown_timeout_seconds=math.ceil(timeouts.shutdown),
-      coordinator_bind_address=_rendezvous.format_host_port(host, port))
+      coordinator_bind_address=_wire.format_host_port(host, port))
   _state.gloo_host = _job_host_on_this_machine(env)
   _bind_collectives_to_job_address(_state.gloo_host, env.client_id)
   if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:

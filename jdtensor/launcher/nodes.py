@@ -38,10 +38,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from jdtensor import _report, _env, _supervisor
+from jdtensor import _report, _env
+from jdtensor.launcher import supervisor
+from jdtensor.launcher.spec import (EXIT_TIMEOUT, Attempt, Failure, HeldPorts, LaunchResult,
+                                    LaunchSpec)
 from jdtensor._deadline import Deadline
-from jdtensor._rendezvous import (Frames, format_host_port, handshake_proof,
-                                  split_host_port)
+from jdtensor._wire import Frames, encode, format_host_port, handshake_proof, split_host_port
 from jdtensor.errors import ConfigError
 
 __all__ = ["run", "NodeError"]
@@ -74,13 +76,13 @@ class _FixedPorts:
     pass
 
 
-def _ports(spec: _supervisor.LaunchSpec, host: str
-           ) -> _supervisor.HeldPorts | _FixedPorts:
+def _ports(spec: LaunchSpec, host: str
+           ) -> HeldPorts | _FixedPorts:
   """This node's client ports, held until the group's `go` (two nodes on one
   host, e.g. on loopback, then never pick the same port)."""
   if spec.port is not None:
     return _FixedPorts(spec.port, spec.num_clients)
-  return _supervisor.HeldPorts(spec.num_clients, host)
+  return HeldPorts(spec.num_clients, host)
 
 
 class _Channel:
@@ -93,7 +95,7 @@ class _Channel:
     self._send_lock = threading.Lock()
 
   def send(self, frame: dict[str, Any]) -> bool:
-    data = (json.dumps(frame) + "\n").encode()
+    data = encode(frame)
     with self._send_lock:
       try:
         self.sock.sendall(data)
@@ -148,7 +150,7 @@ class _Channel:
       pass
 
 
-def _hello(spec: _supervisor.LaunchSpec) -> dict[str, Any]:
+def _hello(spec: LaunchSpec) -> dict[str, Any]:
   return {"rank": spec.node_rank, "nnodes": spec.nnodes,
           # None: the environment gave no count, so JAX's default of 1.
           "clients": spec.num_clients, "devices": spec.devices_per_client or 1,
@@ -170,7 +172,7 @@ def _disagreement(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
 
 # -- meeting ----------------------------------------------------------------------
 
-def _serve(spec: _supervisor.LaunchSpec, deadline: Deadline, log: IO[str]
+def _serve(spec: LaunchSpec, deadline: Deadline, log: IO[str]
            ) -> dict[int, _Channel]:
   """Node 0: accepts and authenticates every other node, or raises."""
   host, port = split_host_port(spec.coordinator or "")
@@ -251,7 +253,7 @@ def _authenticate_node(chan: _Channel, secret: str | None,
   return hello
 
 
-def _join(spec: _supervisor.LaunchSpec, deadline: Deadline) -> tuple[_Channel, str]:
+def _join(spec: LaunchSpec, deadline: Deadline) -> tuple[_Channel, str]:
   """Node R > 0: reaches node 0 and authenticates; (channel, this node's
   address as node 0 sees the connection come from)."""
   host, port = split_host_port(spec.coordinator or "")
@@ -316,7 +318,7 @@ class _Outcome:
   stop: bool = True  # No restart (an interrupt, a node gone, none left).
 
 
-def _failure_frame(node: int, failure: _supervisor.Failure) -> dict[str, Any]:
+def _failure_frame(node: int, failure: Failure) -> dict[str, Any]:
   return {"node": node, "client": failure.client, "what": failure.what,
           "own": failure.own, "at": failure.at}
 
@@ -349,7 +351,7 @@ def _earliest(failures: list[dict[str, Any]]) -> dict[str, Any] | None:
   return own[0] if own else (failures[0] if failures else None)
 
 
-def _summary(me: int, root: str, result: _supervisor.LaunchResult, grace: float) -> str:
+def _summary(me: int, root: str, result: LaunchResult, grace: float) -> str:
   """This node's summary line: the run's root cause, and what this node's
   stop did (the same "stopped" as one node's launcher)."""
   return _report.summary(root, result.stopped, node=me, killed=result.killed,
@@ -359,7 +361,7 @@ def _summary(me: int, root: str, result: _supervisor.LaunchResult, grace: float)
 class _Node0:
   """Node 0's side of the attempts."""
 
-  def __init__(self, spec: _supervisor.LaunchSpec, chans: dict[int, _Channel],
+  def __init__(self, spec: LaunchSpec, chans: dict[int, _Channel],
                address: str):
     self.spec, self.chans, self.address = spec, chans, address
     self.inbox: queue.Queue = queue.Queue()
@@ -420,8 +422,8 @@ class _NodeR:
         return frame
 
 
-def run(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
-        env: Mapping[str, str], signals: _supervisor.Signals) -> _supervisor.LaunchResult:
+def run(spec: LaunchSpec, out: IO[str], err: IO[str],
+        env: Mapping[str, str], signals: supervisor.Signals) -> LaunchResult:
   """Runs `spec` across its nodes and attempts; see the module docstring."""
   if spec.nnodes == 1:
     return _run_one_node(spec, out, err, env, signals)
@@ -443,20 +445,20 @@ def run(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
     text = f"jdtensor launch (node {spec.node_rank}): {e}"
     err.write(text + "\n")
     err.flush()
-    return _supervisor.LaunchResult(reason=text, exit_code=_EXIT_USAGE)
+    return LaunchResult(reason=text, exit_code=_EXIT_USAGE)
 
 
-def _run_one_node(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
-                  env: Mapping[str, str], signals: _supervisor.Signals) -> _supervisor.LaunchResult:
+def _run_one_node(spec: LaunchSpec, out: IO[str], err: IO[str],
+                  env: Mapping[str, str], signals: supervisor.Signals) -> LaunchResult:
   attempt = 0
   while True:
     secret = spec.secret if attempt == 0 else secrets.token_hex(32)
-    result = _supervisor.run_attempt(
-        spec, _supervisor.Attempt.local(spec, attempt, secret), out, err, env,
+    result = supervisor.run_attempt(
+        spec, Attempt.local(spec, attempt, secret), out, err, env,
         signals, quiet=True)
     result.restarts = attempt
     # A time-out bounds the whole run: it is never restarted.
-    if (result.exit_code in (0, _supervisor.EXIT_TIMEOUT)
+    if (result.exit_code in (0, EXIT_TIMEOUT)
         or signals.interrupt.signal is not None or attempt >= spec.max_restarts):
       if result.reason:
         err.write(result.reason + "\n")
@@ -470,18 +472,18 @@ def _run_one_node(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
     err.flush()
 
 
-def _attempt_for(spec: _supervisor.LaunchSpec, go: dict[str, Any]) -> _supervisor.Attempt:
+def _attempt_for(spec: LaunchSpec, go: dict[str, Any]) -> Attempt:
   jobs = tuple(go["jobs"])
   n = spec.num_clients
   ids = tuple(range(spec.node_rank * n, (spec.node_rank + 1) * n))
   secret = go.get("secret") or _client_secret(spec.secret, go["nonce"])
-  return _supervisor.Attempt(ids, jobs, secret, int(go["attempt"]))
+  return Attempt(ids, jobs, secret, int(go["attempt"]))
 
 
-def _run_node0(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
-               env: Mapping[str, str], signals: _supervisor.Signals, group: _Node0
-               ) -> _supervisor.LaunchResult:
-  attempt, result = 0, _supervisor.LaunchResult()
+def _run_node0(spec: LaunchSpec, out: IO[str], err: IO[str],
+               env: Mapping[str, str], signals: supervisor.Signals, group: _Node0
+               ) -> LaunchResult:
+  attempt, result = 0, LaunchResult()
   try:
     while True:
       held = _ports(spec, group.address)
@@ -528,15 +530,15 @@ def _run_node0(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
           return f"stopped because of {_root_text(_earliest(failures), 0)}"
         return None
 
-      def on_failure(failure: _supervisor.Failure) -> None:
+      def on_failure(failure: Failure) -> None:
         frame = _failure_frame(0, failure)
         failures.append(frame)
         group.broadcast({"stop": frame})
-      result = _supervisor.run_attempt(spec, _attempt_for(spec, go), out, err, env,
+      result = supervisor.run_attempt(spec, _attempt_for(spec, go), out, err, env,
                                     signals, stop_request, on_failure, quiet=True)
       result.restarts = attempt
       if signals.interrupt.signal is not None and not failures:
-        on_failure(_supervisor.Failure(None, "node 0's launcher was interrupted",
+        on_failure(Failure(None, "node 0's launcher was interrupted",
                                     True, time.time()))
       group.gather("done", Deadline(spec.grace + _ROUND_SECONDS), on_other=note,
                    got=done)
@@ -555,7 +557,7 @@ def _run_node0(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
                         if root and r.get("failure") == root), None)
       if exit_code is None:
         exit_code = result.exit_code or 1
-      timed_out = exit_code == _supervisor.EXIT_TIMEOUT  # Never restarted.
+      timed_out = exit_code == EXIT_TIMEOUT  # Never restarted.
       if interrupted or group.lost or timed_out or attempt >= spec.max_restarts:
         group.broadcast({"finish": {"exit_code": exit_code, "root": root}})
         result.reason = _summary(0, root_text, result, spec.grace)
@@ -577,9 +579,9 @@ def _run_node0(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
       chan.close()
 
 
-def _run_node_r(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
-                env: Mapping[str, str], signals: _supervisor.Signals, node: _NodeR,
-                address: str) -> _supervisor.LaunchResult:
+def _run_node_r(spec: LaunchSpec, out: IO[str], err: IO[str],
+                env: Mapping[str, str], signals: supervisor.Signals, node: _NodeR,
+                address: str) -> LaunchResult:
   me = spec.node_rank
   try:
     while True:
@@ -606,14 +608,14 @@ def _run_node_r(spec: _supervisor.LaunchSpec, out: IO[str], err: IO[str],
 
       mine: list[dict[str, Any]] = []
 
-      def on_failure(failure: _supervisor.Failure) -> None:
+      def on_failure(failure: Failure) -> None:
         mine.append(_failure_frame(me, failure))
         node.chan.send({"failed": mine[-1]})
-      result = _supervisor.run_attempt(spec, _attempt_for(spec, go), out, err, env,
+      result = supervisor.run_attempt(spec, _attempt_for(spec, go), out, err, env,
                                     signals, stop_request, on_failure, quiet=True)
       result.restarts = int(go["attempt"])
       if signals.interrupt.signal is not None and not mine:
-        on_failure(_supervisor.Failure(None, f"node {me}'s launcher was interrupted",
+        on_failure(Failure(None, f"node {me}'s launcher was interrupted",
                                     True, time.time()))
       if stopped_by and stopped_by[0]["what"] == _gone(0)["what"]:
         raise NodeError("node 0's launcher is gone (connection closed).")

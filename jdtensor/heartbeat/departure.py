@@ -46,18 +46,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jdtensor import _jaxlib_texts
+
 __all__ = ["Departure", "ExitGuard", "describe_exception", "lost_a_peer",
            "never_joined"]
-
-# gloo's errors when the other end of one of its connections went away.
-_PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|"
-                        r"Socket closed|\b(?:Read|Write) error\b")
-# XLA's error when a gloo communicator's set-up (a device group's first
-# collective) gave up waiting for a client that never arrived; jaxlib 0.10.2
-# waits 30 s and has no setting for it.
-_NEVER_JOINED = re.compile(r"Gloo context initialization failed: DEADLINE_EXCEEDED"
-                           r"(?:.*?duration: ([\d.]+)s)?", re.S)
-
 
 @dataclass(frozen=True)
 class Departure:
@@ -100,13 +92,13 @@ def lost_a_peer(error: BaseException) -> bool:
   """Whether `error` is gloo's error about a connection to another client
   that went away (its process ended): a consequence of that client."""
   text = str(error)
-  return "gloo" in text.lower() and _PEER_LOST.search(text) is not None
+  return "gloo" in text.lower() and _jaxlib_texts.GLOO_PEER_LOST.search(text) is not None
 
 
 def never_joined(error: BaseException) -> float | None:
   """Seconds a collective's set-up waited for a client that never joined it,
   if `error` is that failure (a consequence of the late client); else None."""
-  match = _NEVER_JOINED.search(str(error))
+  match = _jaxlib_texts.GLOO_NEVER_JOINED.search(str(error))
   if match is None:
     return None
   return float(match.group(1)) if match.group(1) else 30.0

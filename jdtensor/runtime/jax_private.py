@@ -24,7 +24,7 @@ never sees any of it, so ``jax.devices()`` and everything built on it are
 exactly what raw ``jax.distributed`` shows. It must be separate from the
 user's service: a beat's keys and barriers must never meet the user's.
 
-jaxlib texts relied on are listed here too: `GLOO_KEY_PREFIX`.
+jaxlib texts relied on are listed here too: `_jaxlib_texts.GLOO_KEY_PREFIX`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from jdtensor._rendezvous import format_host_port
+from jdtensor import _jaxlib_texts
+from jdtensor._jaxlib_texts import PROBES as TEXT_PROBES
+from jdtensor._wire import format_host_port
 
 __all__ = [
     "MISSING",
@@ -50,6 +52,8 @@ __all__ = [
     "detach_from_jax_shutdown",
     "keep_alive",
     "PrivateRuntime",
+    "TEXTS",
+    "TEXT_PROBES",
 ]
 
 try:
@@ -100,6 +104,10 @@ MISSING: tuple[str, ...] = tuple(sorted(
     {path for name, path in {**_USER_RUNTIME, **_HEARTBEAT_RUNTIME}.items()
      if _FOUND[name] is None}))
 
+
+# The jaxlib texts jdtensor relies on, by name (see `jdtensor._jaxlib_texts`).
+TEXTS = {name: getattr(_jaxlib_texts, name) for name in _jaxlib_texts.__all__
+         if name != "PROBES"}
 
 # The jax/jaxlib versions the whole suite passes on (pyproject.toml's pin).
 TESTED_RANGE = ">=0.9.2,<0.11"
@@ -203,11 +211,6 @@ def detach_from_jax_shutdown() -> None:
 # -- the heartbeat's private runtime ---------------------------------------------------
 
 
-# The user's CPU backend keys each gloo communicator it sets up in the
-# user's coordination service as "cpu:gloo/<global device ids>/<rank>"
-# (XLA's gloo collectives under the CPU client's "cpu:" prefix). jdtensor
-# reads it to tell whether a client has joined a collective yet.
-GLOO_KEY_PREFIX = "cpu:gloo/"
 
 
 def joined_gloo_collective(local_device_ids: set[int]) -> bool | None:
@@ -218,11 +221,11 @@ def joined_gloo_collective(local_device_ids: set[int]) -> bool | None:
   if client is None:
     return None
   try:
-    entries = client.key_value_dir_get_bytes(GLOO_KEY_PREFIX)
+    entries = client.key_value_dir_get_bytes(_jaxlib_texts.GLOO_KEY_PREFIX)
   except Exception:  # pylint: disable=broad-except
     return None
   for key, _ in entries:
-    devices, _, rank = key[len(GLOO_KEY_PREFIX):].rpartition("/")
+    devices, _, rank = key[len(_jaxlib_texts.GLOO_KEY_PREFIX):].rpartition("/")
     try:
       ids = [int(d) for d in devices.split(",")]
       if ids[int(rank)] in local_device_ids:
@@ -251,7 +254,7 @@ class PrivateRuntime:
     service_host: Host of client 0, where the service runs.
     service_port: The service's port (client 0 reserved it during the
       start-up handshake and told every client; see
-      `jdtensor._rendezvous.reserve_port`).
+      `jdtensor.runtime.rendezvous.reserve_port`).
     width: Length of the int32 vector each exchange sums.
     connect_timeout: Seconds to wait for every process to connect. When it
       expires, jaxlib aborts the process: pass a bound only the caller's own

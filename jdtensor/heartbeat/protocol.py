@@ -1,13 +1,14 @@
 """The heartbeat protocol: beats, the watchdog, the verdicts and the policies.
 
-No JAX and no sockets here: the all-reduce, the roll call, the main-thread
-recorder and every way out of the process are injected, so tests run several
-clients as threads. `jdtensor.heartbeat` wires it to the private runtime, the
+No JAX and no sockets here: the exchange (the all-reduce and its store), the
+peers (the liveness links), the process's hooks and the main-thread recorder
+are small objects given to `Heartbeat`, so tests run several clients as
+threads with fakes of a few lines. `jdtensor.heartbeat` wires it to the private runtime, the
 liveness links and the process.
 
 One beat is an all-reduce of an int32 vector in which each client fills only
 its own slots (`BeatLayout`): DTensor's token, a stop request, and what its
-main thread is doing (`jdtensor._flight`: phase, seconds in it, how busy the
+main thread is doing (`jdtensor.heartbeat.flight`: phase, seconds in it, how busy the
 process was). Every client sees the same merged vector, so every client
 reaches the same verdict at the same beat:
 
@@ -33,23 +34,22 @@ that is leaving with a failure no longer reacts at all.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from jdtensor import _logging as logging
-from jdtensor._flight import AT_EXIT, IN_JAX, RUNNING, WAITING
+from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
+from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor._report import REPORTED_BY
-from jdtensor.errors import PEER_FAILURE_EXIT_CODE, ConfigError, PeerFailureError
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE, PeerFailureError
 
-__all__ = ["Heartbeat", "BeatLayout", "EXIT_CODE", "OWN_FAILURE_EXIT_CODE",
+__all__ = ["Heartbeat", "Exchange", "Peers", "ProcessHooks", "BeatLayout", "EXIT_CODE", "OWN_FAILURE_EXIT_CODE",
            "POLICIES", "FIRST_EXCHANGE_ALLOWANCE", "ROLL_CALL_GRACE",
            "IDLE_PERCENT", "exit_grace_for"]
 
@@ -57,7 +57,7 @@ EXIT_CODE = PEER_FAILURE_EXIT_CODE
 # Exit code of a client that jdtensor found to be the root cause itself: its
 # own heartbeat failed, it stalled, or it was frozen (EX_SOFTWARE).
 OWN_FAILURE_EXIT_CODE = 70
-POLICIES = ("terminate", "raise", "log")
+POLICIES = HEARTBEAT_POLICIES
 # Seconds the first exchange may take beyond the stuck time-out: it starts
 # the private runtime (every client must connect).
 FIRST_EXCHANGE_ALLOWANCE = 30.0
@@ -154,95 +154,129 @@ def _first_line(error: BaseException) -> str:
   return text[0] if text else type(error).__name__
 
 
+class Exchange:
+  """What the beats run on: a sum of one row per client, and a small shared
+  store. The production one is `jdtensor.heartbeat.exchange.PrivateExchange`;
+  a test subclasses this and implements `all_reduce` (the rest default to a
+  store that nobody else reads).
+
+  Attributes:
+    close_timeout: Seconds the teardown (`close`) may take.
+  """
+  close_timeout: float = 60.0
+
+  def open(self) -> None:
+    """Starts this client's end; run on the heartbeat thread before the first
+    exchange."""
+
+  def all_reduce(self, row: np.ndarray) -> np.ndarray:
+    """The element-wise sum of every client's `row` (every client gets the
+    same)."""
+    raise NotImplementedError
+
+  def roll_call(self, beat: int, grace: float) -> set[int] | None:
+    """Says "this client is in `beat`" where every client can see it, waits
+    up to `grace` seconds for the others, and returns who said so (None when
+    unreachable). Only an overdue beat calls it, so a beat costs no extra I/O.
+    """
+    return None
+
+  def share(self, key: str, value: str) -> None:
+    """Publishes a text under `key` for every client (a staller's stack)."""
+
+  def fetch(self, key: str, timeout: float) -> str | None:
+    """What some client published under `key`, waiting up to `timeout` s."""
+    return None
+
+  def joined_collective(self) -> bool:
+    """Whether this client has joined a collective of the user's yet (its
+    set-up is over)."""
+    return True
+
+  def close(self, timeout: float) -> bool:
+    """The teardown after an agreed stop; whether it succeeded in time."""
+    return True
+
+
+class Peers:
+  """The other clients as the liveness links reach them (the production one
+  is `jdtensor.runtime.links.Links`, which has these methods); by default,
+  nobody."""
+
+  def report(self, clients: list[int], why: str) -> None:
+    """Tells every other client that `clients` failed, and why."""
+
+  def wait_peers_gone(self, timeout: float, ignore: tuple[int, ...] | list[int] = ()
+                      ) -> None:
+    """Client 0 waits up to `timeout` s for the other clients (but `ignore`)
+    to end before it exits: its process hosts the coordination services."""
+
+
+class ProcessHooks:
+  """How the heartbeat reads and acts on its own process. The defaults are
+  the real ones, except that nobody is told: the launcher's report and the
+  failure under policy raise are `jdtensor.heartbeat`'s."""
+
+  def terminate(self, code: int) -> None:
+    """Ends the process at once (policy terminate)."""
+    os._exit(code)  # pylint: disable=protected-access
+
+  def tell_launcher(self, clients: list[int], why: str) -> None:
+    """Tells the launcher whom this client blames (``JDTENSOR_REPORT_DIR``)."""
+
+  def on_failure(self, error: PeerFailureError) -> None:
+    """Receives the failure under policy raise."""
+
+  def cpu_seconds(self) -> float:
+    """This process's CPU time (the busy share of each beat)."""
+    return time.process_time()
+
+  def clock(self) -> float:
+    """Monotonic seconds."""
+    return time.monotonic()
+
+
 class Heartbeat:
   """One client's heartbeat: a beat thread and a watchdog thread.
 
   Args:
-    period: Seconds between beats.
-    policy: terminate, raise or log.
-    exchange: Sums one row per client across clients (the all-reduce); None
-      runs on the liveness links alone (no beats).
+    settings: Period, policy and time-outs (`jdtensor._env.HeartbeatSettings`,
+      read and checked once by `jdtensor._env.read_heartbeat_settings`).
     client_id: This client's id.
     num_clients: Number of clients.
-    stuck_timeout: Seconds a beat may take (default: 60, or two periods).
-    stall_timeout: Seconds for the stall verdict; 0 disables it.
-    stall_kill_all_waiting: Fail the run when every client waits that long.
-    roll_call: ``roll_call(beat, grace)`` says "this client is in `beat`"
-      where every client can see it, waits up to `grace` seconds for the
-      others, and returns who said so (None when unreachable). Only an
-      overdue beat calls it, so a beat costs no extra I/O.
-    recorder: The main-thread recorder (`jdtensor._flight`): ``sample()``,
-      ``where()`` and an ``at_exit`` flag.
-    share, fetch: Publish a text under a key for every client, and read one
-      (with a time-out); used to show a staller's stack everywhere.
-    terminate: Ends the process (policy terminate).
-    announce: Tells the other clients who failed and why.
-    wait_peers_gone: ``wait_peers_gone(seconds, failed)``: client 0 waits
-      for the other clients (but the failed ones) to end before it exits:
-      its process hosts the coordination services.
-    report: Tells the launcher whom this client blames (``JDTENSOR_REPORT_DIR``).
-    on_failure: Receives the failure under policy raise.
-    open_exchange: Run on the heartbeat thread before the first exchange.
-    joined_collective: Whether this client has joined a collective of the
-      user's yet (its set-up is over); default: always.
-    close_exchange: Run after an agreed stop with a time-out (the teardown).
-    close_timeout: That time-out, seconds.
-    cpu_seconds: This process's CPU time (busy share of each beat).
-    clock: Monotonic seconds.
+    exchange: What the beats run on; None runs on the liveness links alone
+      (no beats).
+    peers: The other clients (the liveness links); None reaches nobody.
+    process: This process's hooks; None: `ProcessHooks` (exits for real).
+    recorder: The main-thread recorder (`jdtensor.heartbeat.flight`):
+      ``sample()``, ``where()`` and an ``at_exit`` flag; None: always running.
   """
 
-  def __init__(self, period: float, policy: str,
-               exchange: Callable[[np.ndarray], np.ndarray] | None,
-               client_id: int, num_clients: int, *,
-               stuck_timeout: float | None = None,
-               stall_timeout: float = 0.0,
-               stall_kill_all_waiting: bool = False,
-               roll_call: Callable[[int, float], set[int] | None] | None = None,
-               recorder: Any = None,
-               share: Callable[[str, str], None] | None = None,
-               fetch: Callable[[str, float], str | None] | None = None,
-               terminate: Callable[[int], Any] = os._exit,
-               announce: Callable[[list[int], str], None] | None = None,
-               wait_peers_gone: Callable[[float, tuple[int, ...]], None] | None = None,
-               report: Callable[[list[int], str], None] | None = None,
-               on_failure: Callable[[PeerFailureError], None] | None = None,
-               open_exchange: Callable[[], None] | None = None,
-               joined_collective: Callable[[], bool] | None = None,
-               close_exchange: Callable[[float], bool] | None = None,
-               close_timeout: float = 60.0,
-               cpu_seconds: Callable[[], float] = time.process_time,
-               clock: Callable[[], float] = time.monotonic):
-    if not (isinstance(period, (int, float)) and math.isfinite(period) and period > 0):
-      raise ConfigError(f"period={period!r} must be a finite number of seconds "
-                        "greater than 0.")
-    if policy not in POLICIES:
-      raise ConfigError(f"policy={policy!r} is not one of {', '.join(POLICIES)}.")
-    self.period = float(period)
-    self.policy = policy
-    self.stuck_timeout = (max(60.0, 2 * self.period) if stuck_timeout is None
-                          else float(stuck_timeout))
-    self.stall_timeout = float(stall_timeout)
-    self.stall_kill_all_waiting = stall_kill_all_waiting
+  def __init__(self, settings: HeartbeatSettings, client_id: int, num_clients: int,
+               exchange: Exchange | None = None, peers: Peers | None = None,
+               process: ProcessHooks | None = None, recorder: Any = None):
+    self.settings = settings
+    self.period = float(settings.period)
+    self.policy = settings.policy
+    self.stuck_timeout = float(settings.stuck_timeout)
+    self.stall_timeout = float(settings.stall_timeout)
+    self.stall_kill_all_waiting = settings.stall_kill_all_waiting
     self.exit_grace = exit_grace_for(self.period)
     self.client_id, self.num_clients = client_id, num_clients
     self.layout = BeatLayout(num_clients)
     self._exchange = exchange
-    self._roll_call = roll_call or (lambda beat, grace: None)
+    store = exchange if exchange is not None else Exchange()
+    self._roll_call, self._share, self._fetch = store.roll_call, store.share, store.fetch
+    self._joined_collective = store.joined_collective
+    self._close_timeout = store.close_timeout
     self.recorder = recorder if recorder is not None else _Idle()
-    self._share = share or (lambda key, value: None)
-    self._fetch = fetch or (lambda key, timeout: None)
-    self._terminate = terminate
-    self._announce = announce or (lambda clients, why: None)
-    self._wait_peers_gone = wait_peers_gone or (lambda timeout, failed: None)
-    self._report = report or (lambda clients, why: None)
-    self._on_failure = on_failure or (lambda error: None)
-    self._open = open_exchange
-    self._joined_collective = joined_collective or (lambda: True)
+    peers = peers if peers is not None else Peers()
+    self._announce, self._wait_peers_gone = peers.report, peers.wait_peers_gone
+    process = process if process is not None else ProcessHooks()
+    self._terminate, self._report = process.terminate, process.tell_launcher
+    self._on_failure = process.on_failure
+    self._cpu, self._clock = process.cpu_seconds, process.clock
     self._has_joined = False
-    self._close = close_exchange
-    self._close_timeout = close_timeout
-    self._cpu = cpu_seconds
-    self._clock = clock
     # Wakes the beat thread early: the stop, or this client reaching its end
     # (so that a run whose clients end together agrees on it in one beat,
     # not after up to a period).
@@ -264,7 +298,7 @@ class Heartbeat:
     self._fail_lock = threading.Lock()
     self._beat_started: float | None = None
     self._beat_changed = threading.Condition()  # Wakes the watchdog.
-    self._last_beat = clock()  # Every client was alive then.
+    self._last_beat = self._clock()  # Every client was alive then.
     self._threads: list[threading.Thread] = []
 
   # -- the beat thread ----------------------------------------------------------
@@ -280,7 +314,7 @@ class Heartbeat:
       self._beat_started = started
       self._beat_changed.notify_all()
     try:
-      merged = self._exchange(row)  # type: ignore[misc]
+      merged = self._exchange.all_reduce(row)  # type: ignore[union-attr]
     except Exception as e:  # pylint: disable=broad-except
       self._fail(*self._missed(self.beats + 1, self.stuck_timeout,
                                f" (the beat failed: {_first_line(e)})"))
@@ -307,14 +341,14 @@ class Heartbeat:
     open_errors: list[BaseException] = []
 
     def run() -> None:
-      if self._open is not None:
+      if self._exchange is not None:
         try:
-          self._open()
+          self._exchange.open()
         except BaseException as e:  # pylint: disable=broad-except
           open_errors.append(e)
           return
       try:
-        result.append(self._exchange(row))  # type: ignore[misc]
+        result.append(self._exchange.all_reduce(row))  # type: ignore[union-attr]
       except BaseException as e:  # pylint: disable=broad-except
         errors.append(e)
     waited = self.stuck_timeout + FIRST_EXCHANGE_ALLOWANCE
@@ -352,8 +386,8 @@ class Heartbeat:
         self.first_exchange()
       if self.failure is None:
         self._loop()
-      if self.failure is None and self._close is not None:
-        self.closed_cleanly = self._close(self._close_timeout)
+      if self.failure is None:
+        self.closed_cleanly = self._exchange.close(self._close_timeout)
     except BaseException as e:  # pylint: disable=broad-except
       self._own_failure(e)
     finally:

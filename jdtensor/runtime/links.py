@@ -2,24 +2,22 @@
 
 PURE: standard library only.
 
-`jdtensor._rendezvous` hands them over once every client has met; the
+`jdtensor.runtime.rendezvous` hands them over once every client has met; the
 heartbeat (and, during start-up, the runtime) watches them. A process that
 ends is seen at once by the others' end of its connection.
 """
 
 from __future__ import annotations
 
-import json
 import select
 import socket
 import threading
 import time
 from collections.abc import Sequence
 
-__all__ = ["Links", "MAX_FRAME"]
+from jdtensor._wire import Frames, encode
 
-# The largest frame accepted on the coordinator port and on the links.
-MAX_FRAME = 64 * 1024
+__all__ = ["Links"]
 
 _TCP_ESTABLISHED = 1
 
@@ -82,7 +80,7 @@ class Links:
       method(*args)
 
   def _watch(self) -> None:
-    buffers = {client: b"" for client in self._sockets}
+    frames = {client: Frames(lenient=True) for client in self._sockets}
     while self._sockets and not self._closing:
       by_socket = {s: c for c, s in self._sockets.items()}
       try:
@@ -102,17 +100,8 @@ class Links:
                        "its process ended without saying goodbye"
                        if client != 0 else "the coordinator's process ended")
           continue
-        buffers[client] += chunk
-        if len(buffers[client]) > MAX_FRAME and b"\n" not in buffers[client]:
-          buffers[client] = b""  # A peer gone mad: drop what cannot be a message.
-        while b"\n" in buffers[client]:
-          line, buffers[client] = buffers[client].split(b"\n", 1)
-          try:
-            message = json.loads(line)
-          except ValueError:
-            continue
-          if isinstance(message, dict):
-            self._dispatch(client, message)
+        for message in frames[client].feed(chunk):
+          self._dispatch(client, message)
 
   def _dispatch(self, client: int, message: dict[str, object]) -> None:
     if message.get("bye"):  # Its end of stream is now a normal exit.
@@ -145,7 +134,7 @@ class Links:
             ) -> None:
     with self._lock:
       targets = [s for c, s in self._sockets.items() if c not in skip]
-    line = (json.dumps(message) + "\n").encode()
+    line = encode(message)
     for sock in targets:
       try:
         sock.sendall(line)

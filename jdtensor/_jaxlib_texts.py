@@ -1,0 +1,57 @@
+"""Every text of JAX's and jaxlib's that jdtensor reads, in one module.
+
+PURE: standard library only (the launcher's parent reads gloo's notice too).
+These are not API: a jaxlib that rewords one makes the code that matches it
+silently stop matching. So each is named here, with what reads it and the
+test that produces the real text on the installed JAX (`PROBES`); the
+private-JAX module (`jdtensor.runtime.jax_private`) lists them beside its
+symbol table, and README's "Testing a new JAX" runs those tests.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["GLOO_NOTICE_MARKERS", "GLOO_NOTICE_FRAGMENTS", "GLOO_NOTICE_LEFTOVER",
+           "GLOO_PEER_LOST", "GLOO_NEVER_JOINED", "GLOO_KEY_PREFIX",
+           "BARRIER_DEADLINE_EXCEEDED", "PROBES"]
+
+# Gloo prints "[Gloo] Rank r is connected to k peer ranks. Expected number of
+# connected peer ranks is : k" whenever a device group first communicates
+# (jax-ml/jax#32673); the threads of several devices interleave its
+# fragments. The launcher drops it from the clients' output.
+GLOO_NOTICE_MARKERS = re.compile(r"\[Gloo\]|peer ranks|is connected to")
+GLOO_NOTICE_FRAGMENTS = re.compile(r"\[Gloo\] Rank|is connected to|Expected number of "
+                                   r"connected peer ranks is :|peer ranks\.?|\d+|\s+")
+# What may be left of a notice on a line of its own (a lone number, nothing).
+GLOO_NOTICE_LEFTOVER = re.compile(r"\s*\d*\s*")
+
+# gloo's errors when the other end of one of its connections went away (a
+# client's collective failed because another client's process ended).
+GLOO_PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|"
+                            r"Socket closed|\b(?:Read|Write) error\b")
+# XLA's error when a gloo communicator's set-up (a device group's first
+# collective) gave up waiting for a client that never arrived; jaxlib 0.10.2
+# waits 30 s and has no setting for it.
+GLOO_NEVER_JOINED = re.compile(r"Gloo context initialization failed: DEADLINE_EXCEEDED"
+                               r"(?:.*?duration: ([\d.]+)s)?", re.S)
+
+# The user's CPU backend keys each gloo communicator it sets up in the user's
+# coordination service as "cpu:gloo/<global device ids>/<rank>" (XLA's gloo
+# collectives under the CPU client's "cpu:" prefix). jdtensor reads it to
+# tell whether a client has joined a collective yet.
+GLOO_KEY_PREFIX = "cpu:gloo/"
+
+# The status of a coordination-service barrier that timed out (the error's
+# text; the exception type, JaxRuntimeError, has no stable import path).
+BARRIER_DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+
+# Which test produces each text on the installed JAX and fails if jdtensor no
+# longer recognises it ("path::test", run by "Testing a new JAX").
+PROBES = {
+    "GLOO_NOTICE_MARKERS": "tests/multiprocess/test_launcher.py::test_gloo_notices_are_dropped",
+    "GLOO_PEER_LOST": "tests/multiprocess/test_failure_modes.py",
+    "GLOO_NEVER_JOINED": "tests/multiprocess/test_waiting.py",
+    "GLOO_KEY_PREFIX": "tests/multiprocess/test_waiting.py",
+    "BARRIER_DEADLINE_EXCEEDED": "tests/multiprocess/test_multi_client.py",
+}

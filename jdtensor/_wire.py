@@ -1,0 +1,95 @@
+"""The one wire format of jdtensor's own connections.
+
+PURE: standard library only.
+
+Three conversations use it: the clients' start-up handshake and the liveness
+links that stay open after it (`jdtensor.runtime.rendezvous`,
+`jdtensor.runtime.links`), and the launchers of several nodes
+(`jdtensor.launcher.nodes`). Each frame is one JSON object on one line, at
+most `MAX_FRAME` bytes; every handshake proves itself with `handshake_proof`;
+addresses are ``host:port`` or ``[v6]:port``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Any
+
+__all__ = ["MAX_FRAME", "Frames", "encode", "handshake_proof", "split_host_port",
+           "format_host_port"]
+
+# The largest frame accepted on the coordinator port, the links and between
+# launchers.
+MAX_FRAME = 64 * 1024
+
+
+def encode(frame: dict[str, Any]) -> bytes:
+  """One frame, ready to send."""
+  return (json.dumps(frame) + "\n").encode()
+
+
+class Frames:
+  """Newline-ended JSON objects from a byte stream, at most `MAX_FRAME` each.
+
+  Args:
+    lenient: Skip what is not a frame instead of raising (the liveness links:
+      a peer already met can only be ignored, not refused).
+  """
+
+  def __init__(self, lenient: bool = False) -> None:
+    self._buf = b""
+    self._lenient = lenient
+
+  def feed(self, data: bytes) -> list[dict[str, Any]]:
+    """The complete frames so far.
+
+    Raises:
+      ValueError: For anything malformed (never when lenient).
+    """
+    self._buf += data
+    frames = []
+    while b"\n" in self._buf:
+      line, self._buf = self._buf.split(b"\n", 1)
+      try:
+        frames.append(self._parse(line))
+      except ValueError:
+        if not self._lenient:
+          raise
+    if len(self._buf) > MAX_FRAME:
+      if not self._lenient:
+        raise ValueError(f"more than {MAX_FRAME} bytes without a line end")
+      self._buf = b""  # A peer gone mad: drop what cannot be a frame.
+    return frames
+
+  @staticmethod
+  def _parse(line: bytes) -> dict[str, Any]:
+    if len(line) > MAX_FRAME:
+      raise ValueError(f"a frame of {len(line)} bytes (at most {MAX_FRAME})")
+    try:
+      frame = json.loads(line)
+    except (ValueError, RecursionError):
+      raise ValueError("a frame that is not JSON") from None
+    if not isinstance(frame, dict):
+      raise ValueError("a frame that is not a JSON object")
+    return frame
+
+
+def handshake_proof(secret: str | None, *parts: str) -> str:
+  """HMAC-SHA256 of `parts` under `secret` ("" without one): every handshake's
+  proof (the clients' and the launchers')."""
+  if not secret:
+    return ""
+  return hmac.new(secret.encode(), "|".join(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+  """``'host:port'`` or ``'[v6]:port'`` -> (host, port)."""
+  host, _, port = address.rpartition(":")
+  return host.strip("[]"), int(port)
+
+
+def format_host_port(host: str, port: int) -> str:
+  """(host, port) -> ``'host:port'``, or ``'[v6]:port'``."""
+  return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

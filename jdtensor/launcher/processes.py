@@ -1,0 +1,120 @@
+"""The clients' processes: each in its own group, under a guardian, stopped
+with a grace.
+
+PURE of JAX: standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+__all__ = ["wrapped", "signal_groups", "stop_process_groups"]
+
+_POLL_SECONDS = 0.05
+
+
+# The guardian: the launcher's direct child for each client, in its own
+# process group, that runs the command as its child and stays alive as a
+# small supervisor. When the launcher dies (even by SIGKILL), the kernel sends
+# the guardian SIGUSR2 (PR_SET_PDEATHSIG), and it SIGKILLs its whole process
+# group: the client, a wrapper shell and every grandchild. The command itself
+# dies with the guardian (its own PR_SET_PDEATHSIG). The launcher's SIGTERM
+# and SIGINT reach the whole group; the guardian ignores them (with a Python
+# handler, so the command does not inherit an ignored signal) and waits for
+# the command, then exits with its code, or dies of its signal. SIGUSR1 is
+# ignored: the launcher forwards it, a jdtensor client installs a stack dump
+# for it, and any other program must not die of it. Python runs only in this
+# fresh, single-threaded process, never in a fork of a multithreaded one.
+_GUARDIAN = """\
+import ctypes, os, signal, sys
+launcher, command = int(sys.argv[1]), sys.argv[2:]
+libc = ctypes.CDLL(None, use_errno=True)
+def launcher_gone(signum, frame):
+  os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGUSR2, launcher_gone)
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+  signal.signal(sig, lambda signum, frame: None)
+libc.prctl(1, signal.SIGUSR2)
+if os.getppid() != launcher:
+  os.killpg(0, signal.SIGKILL)
+guardian = os.getpid()
+child = os.fork()
+if child == 0:
+  libc.prctl(1, signal.SIGKILL)
+  if os.getppid() != guardian:
+    os._exit(137)
+  try:
+    os.execvp(command[0], command)
+  except OSError as e:
+    os.write(2, f"jdtensor launch: cannot start {command[0]!r}: {e.strerror}\\n".encode())
+    os._exit(127)
+while True:
+  try:
+    _, status = os.waitpid(child, 0)
+    break
+  except InterruptedError:
+    continue
+if os.WIFSIGNALED(status):
+  sig = os.WTERMSIG(status)
+  if sig not in (signal.SIGKILL, signal.SIGSTOP):
+    signal.signal(sig, signal.SIG_DFL)
+  os.kill(guardian, sig)
+os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+"""
+
+
+def wrapped(command: Sequence[str]) -> list[str]:
+  return [sys.executable, "-S", "-c", _GUARDIAN, str(os.getpid()), *command]
+
+
+def signal_groups(procs: Sequence[subprocess.Popen], sig: int) -> None:
+  for proc in procs:
+    if proc.poll() is None:
+      try:
+        os.killpg(proc.pid, sig)
+      except ProcessLookupError:
+        pass
+
+
+def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float,
+                        killed: list[int] | None = None) -> list[int]:
+  """Stops processes that each lead a process group, and everything in them.
+
+  SIGTERM to every group still running, up to `grace` seconds on one shared
+  deadline for them to end, then SIGKILL; each is reaped (10 s at most), and
+  grandchildren that outlived their leader are killed too.
+
+  Args:
+    procs: The group leaders.
+    grace: Seconds between SIGTERM and SIGKILL.
+    killed: Receives the indices of the processes that outlived the grace
+      (they ignored SIGTERM, or took longer) and were SIGKILLed.
+
+  Returns:
+    The indices of the processes that were still running.
+  """
+  running = [i for i, p in enumerate(procs) if p.poll() is None]
+  signal_groups(procs, signal.SIGTERM)
+  deadline = time.monotonic() + grace
+  while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+    time.sleep(_POLL_SECONDS)
+  if killed is not None:
+    killed.extend(i for i, p in enumerate(procs) if p.poll() is None)
+  signal_groups(procs, signal.SIGKILL)
+  for proc in procs:
+    try:
+      proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      pass  # Unkillable (D state); reported by its None return code.
+  for proc in procs:  # Grandchildren that outlived their leader.
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
+  return running

@@ -1,0 +1,319 @@
+"""One node's clients, supervised for one attempt: the poll loop and signals.
+
+PURE of JAX: the parent only spawns and watches processes. `run_attempt` runs
+one attempt of one node's clients to its end (see `jdtensor.launcher` for what
+the clients get and how a failure ends the others); `jdtensor.launcher.nodes`
+drives several attempts and several nodes on top of it. The pieces: the
+types and the clients' environment (`spec`), their processes (`processes`),
+their output (`output`); the root cause is `jdtensor._report`'s, a pure
+function of what the clients wrote and how they ended.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
+
+from jdtensor import _env
+from jdtensor._report import (ClientEnd, Report, describe_exit, finished_clients,
+                              root_cause, summary)
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE
+from jdtensor.launcher.output import Output
+from jdtensor.launcher.processes import signal_groups, stop_process_groups, wrapped
+from jdtensor.launcher.spec import (EXIT_TIMEOUT, Attempt, Failure, Interrupt,
+                                    LaunchResult, LaunchSpec, worker_env)
+
+__all__ = ["Signals", "run_attempt"]
+
+_POLL_SECONDS = 0.05
+# Linux's limits on a new process's environment (MAX_ARG_STRLEN, one
+# variable; and a quarter of the default 8 MiB stack for all of them).
+_MAX_ARG_STRLEN = 128 * 1024
+_MAX_ARGS_ENV = 2 * 1024 * 1024
+_STACK_DUMP_SECONDS = 2.0
+
+
+class _Supervisor:
+  """Starts, watches and stops one node's clients for one attempt.
+
+  Args:
+    spec: What to launch.
+    out, err: Where the clients' tagged output goes.
+    base_env: The clients' base environment.
+    attempt: The clients' ids, the group's jobs and secret.
+    interrupt: Set by the launcher's signal handlers.
+    stop_request: Polled while the clients run: a reason to stop them all
+      (another node failed), or None.
+    on_failure: Told at once when a local client fails (before the others
+      are stopped), so that other nodes stop too.
+  """
+
+  def __init__(self, spec: LaunchSpec, out: IO[str], err: IO[str],
+               base_env: Mapping[str, str], attempt: Attempt,
+               interrupt: Interrupt | None = None,
+               stop_request: Callable[[], str | None] | None = None,
+               on_failure: Callable[[Failure], None] | None = None):
+    self.spec = spec
+    self.attempt = attempt
+    self.ids = list(attempt.client_ids)
+    self.base_env = base_env
+    self.report_dir = tempfile.mkdtemp(prefix="jdtensor-launch-")
+    self.exit_times: dict[int, float] = {}  # Monotonic, by local index.
+    self.exit_wall: dict[int, float] = {}
+    self.output = Output(out, err)
+    self.procs: list[subprocess.Popen[bytes]] = []
+    self.readers: list[threading.Thread] = []
+    self.interrupt = interrupt or Interrupt()
+    self.stop_request = stop_request or (lambda: None)
+    self.on_failure = on_failure or (lambda failure: None)
+    self.killed: list[int] = []  # Clients SIGKILLed after the grace.
+    self.stopped: list[int] = []  # Clients the stop ended (see `summary`).
+
+  def start(self) -> None:
+    for client in self.ids:
+      env = worker_env(self.spec, client, [], self.base_env, self.attempt)
+      env[_env.JDTENSOR_REPORT_DIR] = self.report_dir
+      self.procs.append(subprocess.Popen(
+          wrapped(self.spec.command), env=env,
+          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+          start_new_session=True))
+    for client, proc in zip(self.ids, self.procs):
+      for pipe, sink in ((proc.stdout, self.output.out), (proc.stderr, self.output.err)):
+        t = threading.Thread(target=self.output.pump, args=(client, pipe, sink),
+                             daemon=True)
+        t.start()
+        self.readers.append(t)
+
+  def _signal_all(self, sig: int) -> None:
+    signal_groups(self.procs, sig)
+
+  def stop_all(self) -> list[int]:
+    """SIGTERM, grace, SIGKILL; returns the ids of the clients stopped: the
+    ones still running, less those that had already ended their script
+    normally (waiting at exit for the others: the stop ended no work)."""
+    killed: list[int] = []
+    # Read before the stop: a client that ends its script because of it (a
+    # preemption save, then a normal end) was stopped.
+    finished = finished_clients(self.report_dir)
+    running = stop_process_groups(self.procs, self.spec.grace, killed)
+    self.killed += [self.ids[i] for i in killed]
+    return [self.ids[i] for i in running if self.ids[i] not in finished]
+
+  def summary(self, what: str, stopped: Sequence[int], also: Sequence[str] = ()) -> str:
+    """The summary line of this attempt (`jdtensor._report.summary`); the
+    stopped clients are remembered for the nodes' own summary."""
+    self.stopped = list(stopped)
+    return summary(what, stopped, also=also, killed=self.killed, grace=self.spec.grace)
+
+  def _poll(self) -> list[int | None]:
+    codes = [p.poll() for p in self.procs]
+    now = time.monotonic()
+    for i, code in enumerate(codes):
+      if code is not None and i not in self.exit_times:
+        self.exit_times[i] = now
+        self.exit_wall[i] = time.time()
+        # Nothing the client started outlives it (a helper, a forked child it
+        # did not wait for): its process group goes with it.
+        try:
+          os.killpg(self.procs[i].pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+          pass
+    return codes
+
+  def reports(self) -> dict[int, Report]:
+    """What the clients wrote, by client id (`jdtensor._report`)."""
+    return Report.read_all(self.report_dir)
+
+  def _settle(self, codes: list[int | None]) -> list[int | None]:
+    """Before stopping everyone, waits briefly (at most 3 s) for clients that
+    are ending by themselves to end with their own code: one that reported
+    its own failure and is on its way out (client 0 leaves last), and, while
+    only consequences (75) have failed, the root cause."""
+    deadline = time.monotonic() + min(self.spec.grace, 3.0)
+    while time.monotonic() < deadline:
+      if all(c is not None for c in codes):
+        break
+      reports = self.reports()
+      leaving = [i for i, c in enumerate(codes) if c is None
+                 and self.ids[i] in reports and reports[self.ids[i]].departure]
+      cause_missing = all(c in (None, 0, PEER_FAILURE_EXIT_CODE) for c in codes)
+      if not leaving and not cause_missing:
+        break
+      time.sleep(_POLL_SECONDS)
+      codes = self._poll()
+    return codes
+
+  def _root_cause(self, codes: list[int | None]) -> tuple[Failure, int]:
+    """The root cause among this node's clients, and the exit code
+    (`jdtensor._report.root_cause`)."""
+    ends = [ClientEnd(self.ids[i], code, self.exit_wall.get(i))
+            for i, code in enumerate(codes)]
+    cause = root_cause(ends, self.reports())
+    assert cause is not None  # Only called once a client failed.
+    return Failure(cause.client, cause.what, cause.own, cause.at), cause.exit_code
+
+  def run(self) -> LaunchResult:
+    result = LaunchResult(client_ids=list(self.ids))
+    deadline = (time.monotonic() + self.spec.timeout
+                if self.spec.timeout is not None else None)
+    while True:
+      codes = self._poll()
+      failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+      if self.interrupt.signal is not None:
+        stopped = self.stop_all()
+        name = signal.Signals(self.interrupt.signal).name
+        result.reason = self.summary(f"received {name}", stopped)
+        result.exit_code = 128 + self.interrupt.signal
+        break
+      if failed:
+        codes = self._settle(codes)
+        failure, exit_code = self._root_cause(codes)
+        self.on_failure(failure)
+        # The root cause is on its own way out (client 0 leaves last): the
+        # launcher's stop is not why it ended.
+        stopped = [c for c in self.stop_all() if c != failure.client]
+        codes = self._poll()
+        result.first_failure = failure.client
+        result.own_failure, result.failed_at = failure.own, failure.at
+        also = [f"client {self.ids[c]} {describe_exit(k)}"
+                for c, k in sorted(((i, k) for i, k in enumerate(codes)
+                                    if k not in (None, 0)
+                                    and self.ids[i] != failure.client
+                                    and self.ids[i] not in stopped),
+                                   key=lambda f: self.exit_times.get(f[0], 0.0))]
+        result.reason = self.summary(failure.what, stopped, also)
+        result.exit_code = exit_code
+        break
+      if all(c == 0 for c in codes):
+        break
+      if self.output.closed:
+        stopped = self.stop_all()
+        result.reason = self.summary(
+            "its output was closed (the reader of its pipe exited)", stopped)
+        result.exit_code = 128 + signal.SIGPIPE
+        break
+      why = self.stop_request()
+      if why is not None:
+        stopped = self.stop_all()
+        result.reason = self.summary(why, stopped)
+        result.exit_code = PEER_FAILURE_EXIT_CODE
+        break
+      if deadline is not None and time.monotonic() > deadline:
+        self._dump_stacks_before_stopping()
+        stopped = self.stop_all()
+        result.reason = self.summary(f"timed out after {self.spec.timeout:g} s",
+                                     stopped)
+        result.exit_code = EXIT_TIMEOUT
+        result.failed_at = time.time()
+        self.on_failure(Failure(None, f"timed out after {self.spec.timeout:g} s",
+                                True, result.failed_at))
+        break
+      time.sleep(_POLL_SECONDS)
+    for t in self.readers:
+      t.join(timeout=5)
+    self._poll()
+    result.returncodes = [p.poll() for p in self.procs]
+    result.pids = [p.pid for p in self.procs]
+    result.ended_at = [self.exit_wall.get(i) for i in range(len(self.procs))]
+    result.stopped = list(self.stopped)
+    result.killed = list(self.killed)
+    return result
+
+  def dump_stacks(self) -> None:
+    """Forwards SIGUSR1: every jdtensor client prints its threads' stacks."""
+    self._signal_all(signal.SIGUSR1)
+
+  def _dump_stacks_before_stopping(self) -> None:
+    """On time-out, where each client still running was: its stacks, read
+    until its output goes quiet (at most `_STACK_DUMP_SECONDS`)."""
+    asked = time.monotonic()
+    self.dump_stacks()
+    while time.monotonic() < asked + _STACK_DUMP_SECONDS:
+      now = time.monotonic()
+      if self.output.last_output > asked and now - self.output.last_output > 0.2:
+        break  # The dumps came, and the output has gone quiet.
+      if self.output.last_output <= asked and now - asked > 0.5:
+        break  # Nothing came: not jdtensor clients, or stopped ones.
+      time.sleep(_POLL_SECONDS)
+
+
+class Signals:
+  """The launcher's handlers for SIGINT/SIGTERM (stop every client) and
+  SIGUSR1 (forwarded: every client prints its stacks), installed from the
+  main thread only, and restored afterwards."""
+
+  def __init__(self, interrupt: Interrupt):
+    self.interrupt = interrupt
+    self.current: _Supervisor | None = None
+    self._previous: dict[int, Any] = {}
+
+  def __enter__(self) -> Signals:
+    if threading.current_thread() is threading.main_thread():
+      def on_signal(signum: int, _frame: object) -> None:
+        self.interrupt.signal = signum
+
+      def on_usr1(signum: int, _frame: object) -> None:
+        if self.current is not None:
+          self.current.dump_stacks()
+      for sig in (signal.SIGINT, signal.SIGTERM):
+        self._previous[sig] = signal.signal(sig, on_signal)
+      self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, on_usr1)
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
+                env: Mapping[str, str], signals: Signals,
+                stop_request: Callable[[], str | None] | None = None,
+                on_failure: Callable[[Failure], None] | None = None,
+                quiet: bool = False) -> LaunchResult:
+  """Runs this node's clients once, to the end; see `launch`.
+
+  Args:
+    quiet: Do not write the summary line (the caller words it).
+  """
+  sup = _Supervisor(spec, out, err, env, attempt, signals.interrupt,
+                    stop_request, on_failure)
+  signals.current = sup
+  try:
+    try:
+      sup.start()
+    except OSError as e:
+      sup.stop_all()
+      why = e.strerror
+      if e.errno == errno.E2BIG:
+        jobs = len(",".join(attempt.jobs))
+        why = (f"the clients' environment is too large (DTENSOR_JOBS alone is "
+               f"{jobs:,} bytes for {len(attempt.jobs):,} clients; Linux allows "
+               f"{_MAX_ARG_STRLEN:,} bytes in one variable and about "
+               f"{_MAX_ARGS_ENV:,} in all): use fewer clients per launch, or "
+               "several nodes")
+      result = LaunchResult(reason=f"jdtensor launch: cannot start "
+                            f"{spec.command[0]!r}: {why}", exit_code=127,
+                            client_ids=list(attempt.client_ids))
+    else:
+      try:
+        result = sup.run()
+      except BaseException:
+        # An exception raised into the launcher's thread (pytest-timeout's
+        # signal method, a KeyboardInterrupt past our handlers): the clients
+        # go with it, bounded by the grace.
+        sup.stop_all()
+        raise
+  finally:
+    signals.current = None
+    shutil.rmtree(sup.report_dir, ignore_errors=True)
+  if result.reason and not quiet:
+    sup.output.line(result.reason)
+  return result
