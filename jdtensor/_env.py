@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jdtensor.device_spec import NAME_RE
@@ -426,7 +426,10 @@ def num_clients(environ: Mapping[str, str] | None = None) -> int:
       positive integer equal to that count.
   """
   env = _environ(environ)
-  job_list = parse_jobs(env.get(DTENSOR_JOBS))
+  return _count_clients(env, parse_jobs(env.get(DTENSOR_JOBS)))
+
+
+def _count_clients(env: Mapping[str, str], job_list: Sequence[str]) -> int:
   count = len(job_list) or 1
   raw_legacy = env.get(DTENSOR_NUM_CLIENTS)
   if raw_legacy is not None and raw_legacy.strip():
@@ -451,6 +454,10 @@ def client_id(environ: Mapping[str, str] | None = None) -> int:
       range errors carry DTensor's exact messages).
   """
   env = _environ(environ)
+  return _client_id(env, num_clients(env))
+
+
+def _client_id(env: Mapping[str, str], n: int) -> int:
   raw = env.get(DTENSOR_CLIENT_ID, "0")
   value = parse_int(
       DTENSOR_CLIENT_ID, raw,
@@ -459,7 +466,6 @@ def client_id(environ: Mapping[str, str] | None = None) -> int:
     # DTensor-compatible message (trailing ". " is verbatim).
     raise ConfigError(
         f"Environment variable DTENSOR_CLIENT_ID must be >= 0, got {value}. ")
-  n = num_clients(env)
   if value >= n:
     # DTensor-compatible message.
     raise ConfigError(
@@ -476,8 +482,13 @@ def job_name(environ: Mapping[str, str] | None = None) -> str:
   """
   env = _environ(environ)
   raw = env.get(DTENSOR_JOB_NAME)
+  return _job_name(env, num_clients(env) if raw is None else 0)
+
+
+def _job_name(env: Mapping[str, str], n: int) -> str:
+  raw = env.get(DTENSOR_JOB_NAME)
   if raw is None:
-    return "localhost" if num_clients(env) == 1 else "worker"
+    return "localhost" if n == 1 else "worker"
   if not NAME_RE.fullmatch(raw):
     raise ConfigError(
         f"{DTENSOR_JOB_NAME}={raw!r} is not a valid job name; use a letter "
@@ -534,11 +545,13 @@ def read_cluster_env(environ: Mapping[str, str] | None = None,
     ConfigError: For the first invalid variable found.
   """
   env = {**_environ(environ), **(overrides or {})}
+  job_list = parse_jobs(env.get(DTENSOR_JOBS))  # Parsed once, used by each check.
+  n = _count_clients(env, job_list)
   return ClusterEnv(
-      jobs=tuple(jobs(env)),
-      num_clients=num_clients(env),
-      client_id=client_id(env),
-      job_name=job_name(env),
+      jobs=tuple(job_list),
+      num_clients=n,
+      client_id=_client_id(env, n),
+      job_name=_job_name(env, n),
       heartbeat_enabled=read_bool(DTENSOR_ENABLE_HEARTBEAT, True, env),
       gpu_use_nccl_communication=read_bool(
           DTENSOR_GPU_USE_NCCL_COMMUNICATION, False, env),

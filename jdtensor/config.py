@@ -41,18 +41,13 @@ __all__ = [
 ]
 
 
-def _initialized_cluster() -> _env.ClusterEnv | None:
-  """The cluster the runtime was initialised with; None before."""
-  return runtime.state().env if runtime.is_initialized() else None
-
-
 def client_id() -> int:
   """This client's id, from ``DTENSOR_CLIENT_ID`` (default 0).
 
   Raises:
     ValueError: If it is not an integer in ``[0, num_clients())``.
   """
-  cluster = _initialized_cluster()
+  cluster = runtime.cluster()
   return cluster.client_id if cluster else _env.client_id()
 
 
@@ -63,13 +58,13 @@ def num_clients() -> int:
     ValueError: If ``DTENSOR_JOBS`` is malformed, or the legacy
       ``DTENSOR_NUM_CLIENTS`` disagrees with it.
   """
-  cluster = _initialized_cluster()
+  cluster = runtime.cluster()
   return cluster.num_clients if cluster else _env.num_clients()
 
 
 def job_name() -> str:
   """``DTENSOR_JOB_NAME``; default ``localhost`` (1 client) or ``worker``."""
-  cluster = _initialized_cluster()
+  cluster = runtime.cluster()
   return cluster.job_name if cluster else _env.job_name()
 
 
@@ -93,7 +88,7 @@ def full_job_name(task_id: int | None = None) -> str:
 
 def jobs() -> list[str]:
   """The ``DTENSOR_JOBS`` entries, in client order; ``[]`` in local mode."""
-  cluster = _initialized_cluster()
+  cluster = runtime.cluster()
   return list(cluster.jobs) if cluster else _env.jobs()
 
 
@@ -104,7 +99,7 @@ def is_local_mode() -> bool:
 
 def heartbeat_enabled() -> bool:
   """``DTENSOR_ENABLE_HEARTBEAT`` (default true)."""
-  cluster = _initialized_cluster()
+  cluster = runtime.cluster()
   return (cluster.heartbeat_enabled if cluster else
           _env.read_bool(_env.DTENSOR_ENABLE_HEARTBEAT, True))
 
@@ -114,7 +109,7 @@ def gpu_use_nccl_communication() -> bool:
 
   JAX always uses NCCL for GPU collectives; this is kept for compatibility.
   """
-  cluster = _initialized_cluster()
+  cluster = runtime.cluster()
   return (cluster.gpu_use_nccl_communication if cluster else
           _env.read_bool(_env.DTENSOR_GPU_USE_NCCL_COMMUNICATION, False))
 

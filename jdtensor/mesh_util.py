@@ -113,12 +113,6 @@ def _check_devices_exist(mesh: Mesh) -> None:
     interop.resolve_device(device)
 
 
-def _cluster() -> _env.ClusterEnv:
-  """The cluster as initialised, else as the environment describes it now."""
-  env = runtime.state().env
-  return env if env is not None else _env.read_cluster_env()
-
-
 def create_mesh(mesh_dims: MeshDims | None = None,
                 mesh_name: str = "",
                 devices: Sequence[DeviceSpec | str] | None = None,
@@ -234,13 +228,13 @@ def create_distributed_mesh(mesh_dims: MeshDims,
                      "list of devices for TPU is not supported.")
   specs, device_type = _make_device_specs(local_devices, device_type)
   if device_type in ("CPU", "GPU"):
-    cluster = _cluster()
+    cluster = runtime.cluster() or _env.read_cluster_env()
     base = DeviceSpec(job=cluster.job_name, replica=0, task=cluster.client_id)
     specs = [base.make_merged_spec(d) for d in specs]
     return _distributed_mesh(dim_names, shape, specs, cluster.num_clients,
                              cluster.client_id, mesh_name, use_xla_spmd)
   if device_type == "TPU":
-    cluster = _cluster()
+    cluster = runtime.cluster() or _env.read_cluster_env()
     mesh = create_tpu_mesh(dim_names, shape, mesh_name,
                            use_xla_spmd=use_xla_spmd)
     _print_context(config.num_global_devices("TPU"), cluster.num_clients,
@@ -267,7 +261,7 @@ def _distributed_mesh(dim_names: list[str], shape: list[int],
   mesh = Mesh(dim_names=dim_names, global_device_ids=global_ids,
               local_device_ids=local_ids, local_devices=specs,
               mesh_name=mesh_name, use_xla_spmd=use_xla_spmd)
-  if runtime.is_initialized() and client_id == runtime.state().env.client_id:
+  if runtime.is_initialized() and client_id == runtime.cluster().client_id:  # type: ignore[union-attr]
     _check_devices_exist(mesh)
   _print_context(num_global, num_clients, client_id, specs[0].device_type or "",
                  mesh)
@@ -321,7 +315,7 @@ def _create_distributed_mesh_legacy(mesh_dims: MeshDims, mesh_name: str,
                        ("num_clients", num_clients), ("client_id", client_id)):
       if value is not None:
         raise ValueError(_TPU_ARG_MESSAGE.format(arg=arg))
-    cluster = _cluster()
+    cluster = runtime.cluster() or _env.read_cluster_env()
     mesh = create_tpu_mesh(dim_names, shape, mesh_name)
     _print_context(config.num_global_devices("TPU"), cluster.num_clients,
                    cluster.client_id, "TPU", mesh)

@@ -42,7 +42,6 @@ runs; ``JDTENSOR_HEARTBEAT_PERIOD``, ``JDTENSOR_HEARTBEAT_POLICY``,
 from __future__ import annotations
 
 import faulthandler
-import os
 import signal
 import sys
 import threading
@@ -181,7 +180,7 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
   global _current, _exchange
   state = runtime.state()
   service = runtime.heartbeat_service()
-  env = state.env
+  env = runtime.cluster()
   if env is None:
     raise RuntimeError("jdtensor runtime state lost its cluster.")
   from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
@@ -206,6 +205,11 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
   return heartbeat.event
 
 
+def _my_id() -> int:
+  cluster = runtime.cluster()
+  return cluster.client_id if cluster is not None else -1
+
+
 def blame_peer(departure: Departure) -> Departure:
   """`departure` failed in a collective whose connection to another client
   went away: waits briefly for the heartbeat to name that client (the liveness
@@ -219,7 +223,7 @@ def blame_peer(departure: Departure) -> Departure:
   hb = _current
   if hb is None or hb.exiting is not None:
     return departure
-  me = runtime.state().env.client_id if runtime.state().env is not None else -1
+  me = _my_id()
   if departure.join_wait is not None:
     # Nobody else can name a client that never reached the collective: it is
     # alive and beating. Every waiter names it from the same beats.
@@ -262,7 +266,7 @@ def _leave(departure: Departure) -> bool:
   state = runtime.state()
   links = state.links
   hb = _current
-  me = state.env.client_id if state.env is not None else -1
+  me = _my_id()
   if departure.failed:
     if hb is not None:
       hb.abandon()

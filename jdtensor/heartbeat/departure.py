@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable

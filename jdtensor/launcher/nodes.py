@@ -26,37 +26,28 @@ One node with ``--max-restarts`` runs the same attempts without the network.
 
 from __future__ import annotations
 
-import hmac
-import json
-import os
 import queue
 import secrets
-import socket
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from jdtensor import _report, _env
+from jdtensor import _env, _report
+from jdtensor._deadline import Deadline
+from jdtensor._wire import format_host_port, handshake_proof, split_host_port
+from jdtensor.errors import ConfigError
 from jdtensor.launcher import supervisor
+from jdtensor.launcher.meeting import NodeError, join, serve
+from jdtensor.launcher.meeting import Channel
 from jdtensor.launcher.spec import (EXIT_TIMEOUT, Attempt, Failure, HeldPorts, LaunchResult,
                                     LaunchSpec)
-from jdtensor._deadline import Deadline
-from jdtensor._wire import Frames, encode, format_host_port, handshake_proof, split_host_port
-from jdtensor.errors import ConfigError
 
 __all__ = ["run", "NodeError"]
 
-_PROTOCOL = 1
-_STAGE_SECONDS = 10.0  # For each handshake step of a peer that has connected.
 _DEFAULT_JOIN_SECONDS = 300.0  # Without --timeout: how long nodes wait to meet.
 _ROUND_SECONDS = 120.0  # For a node's ports, or its "done", once running.
 _EXIT_USAGE = 2
-
-
-class NodeError(Exception):
-  """The nodes could not form or keep the group (said to the user as is)."""
 
 
 def _client_secret(secret: str | None, nonce: str) -> str | None:
@@ -85,238 +76,7 @@ def _ports(spec: LaunchSpec, host: str
   return HeldPorts(spec.num_clients, host)
 
 
-class _Channel:
-  """Newline-ended JSON frames on one connection between two launchers."""
-
-  def __init__(self, sock: socket.socket):
-    self.sock = sock
-    self._frames = Frames()
-    self._ready: list[dict[str, Any]] = []
-    self._send_lock = threading.Lock()
-
-  def send(self, frame: dict[str, Any]) -> bool:
-    data = encode(frame)
-    with self._send_lock:
-      try:
-        self.sock.sendall(data)
-        return True
-      except OSError:
-        return False
-
-  def recv(self, timeout: float | None) -> dict[str, Any] | None:
-    """The next frame; None at the end of the stream.
-
-    Raises:
-      TimeoutError: Nothing complete within `timeout`.
-      ValueError: Something that is not a frame.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not self._ready:
-      remaining = None if deadline is None else deadline - time.monotonic()
-      if remaining is not None and remaining <= 0:
-        raise TimeoutError
-      self.sock.settimeout(remaining)
-      try:
-        chunk = self.sock.recv(65536)
-      except socket.timeout:
-        raise TimeoutError from None
-      except OSError:
-        return None
-      if not chunk:
-        return None
-      self._ready += self._frames.feed(chunk)
-    return self._ready.pop(0)
-
-  def listen(self, rank: int, into: queue.Queue) -> None:
-    """Reads frames on a daemon thread into `into` as (rank, frame); (rank,
-    None) when the connection ends."""
-    def read() -> None:
-      self.sock.settimeout(None)
-      while True:
-        try:
-          frame = self.recv(None)
-        except (ValueError, TimeoutError, OSError):
-          frame = None
-        into.put((rank, frame))
-        if frame is None:
-          return
-    threading.Thread(target=read, daemon=True,
-                     name=f"jdtensor-launch-node-{rank}").start()
-
-  def close(self) -> None:
-    try:
-      self.sock.close()
-    except OSError:
-      pass
-
-
-def _hello(spec: LaunchSpec) -> dict[str, Any]:
-  return {"rank": spec.node_rank, "nnodes": spec.nnodes,
-          # None: the environment gave no count, so JAX's default of 1.
-          "clients": spec.num_clients, "devices": spec.devices_per_client or 1,
-          "device_type": spec.device_type.upper(), "restarts": spec.max_restarts}
-
-
-_AGREED = {"nnodes": "--nnodes", "clients": "-n (clients per node)",
-           "devices": "--devices-per-client", "device_type": "--device-type",
-           "restarts": "--max-restarts"}
-
-
-def _disagreement(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
-  for key, flag in _AGREED.items():
-    if theirs.get(key) != mine[key]:
-      return (f"node {theirs.get('rank')} has {flag} {theirs.get(key)!r} but node 0 "
-              f"has {mine[key]!r}; start every node with the same values.")
-  return None
-
-
-# -- meeting ----------------------------------------------------------------------
-
-def _serve(spec: LaunchSpec, deadline: Deadline, log: IO[str]
-           ) -> dict[int, _Channel]:
-  """Node 0: accepts and authenticates every other node, or raises."""
-  host, port = split_host_port(spec.coordinator or "")
-  family = socket.AF_INET6 if ":" in host else socket.AF_INET
-  server = socket.socket(family, socket.SOCK_STREAM)
-  server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-  try:
-    server.bind((host, port))
-  except OSError as e:
-    server.close()
-    raise NodeError(f"node 0 cannot listen at --coordinator {spec.coordinator}: "
-                    f"{e.strerror}; give an address of this machine and a free "
-                    "port.") from None
-  server.listen(64)
-  mine = _hello(spec)
-  chans: dict[int, _Channel] = {}
-  try:
-    while len(chans) < spec.nnodes - 1:
-      if deadline.expired():
-        missing = [r for r in range(1, spec.nnodes) if r not in chans]
-        problem = (f"node(s) {', '.join(map(str, missing))} did not join at "
-                   f"{spec.coordinator} within {deadline.seconds:g} s (--timeout); "
-                   f"start them with --nnodes {spec.nnodes} --node-rank R "
-                   f"--coordinator {spec.coordinator}.")
-        for other in chans.values():
-          other.send({"error": problem})
-        raise NodeError(problem)
-      server.settimeout(max(0.05, min(deadline.remaining(), 1.0)))
-      try:
-        sock, peer = server.accept()
-      except socket.timeout:
-        continue
-      chan = _Channel(sock)
-      try:
-        hello = _authenticate_node(chan, spec.secret, mine)
-      except (NodeError, ValueError, TimeoutError, OSError) as e:
-        log.write(f"jdtensor launch: refused a connection from {peer[0]}: {e}\n")
-        log.flush()
-        chan.close()
-        continue
-      problem = _disagreement(mine, hello)
-      rank = hello.get("rank")
-      if problem is None and (type(rank) is not int or not 0 < rank < spec.nnodes  # pylint: disable=unidiomatic-typecheck
-                              or rank in chans):
-        problem = f"node rank {rank!r} is taken or out of range 1..{spec.nnodes - 1}."
-      if problem is not None:
-        chan.send({"error": problem})
-        chan.close()
-        for other in chans.values():
-          other.send({"error": problem})
-        raise NodeError(problem)
-      chan.send({"joined": True})
-      chans[rank] = chan
-    return chans
-  except BaseException:
-    for chan in chans.values():
-      chan.close()
-    raise
-  finally:
-    server.close()
-
-
-def _authenticate_node(chan: _Channel, secret: str | None,
-                       mine: dict[str, Any]) -> dict[str, Any]:
-  """Node 0's side of one node's handshake; the node's hello, or raises."""
-  nonce = os.urandom(32).hex()
-  chan.send({"jdtensor_nodes": _PROTOCOL, "nonce": nonce, "auth": bool(secret)})
-  answer = chan.recv(_STAGE_SECONDS)
-  if answer is None:
-    raise NodeError("it closed the connection")
-  theirs, hello = answer.get("nonce"), answer.get("hello")
-  if not isinstance(theirs, str) or not isinstance(hello, dict):
-    raise NodeError("it does not speak the launchers' handshake")
-  if not hmac.compare_digest(str(answer.get("proof", "")),
-                             handshake_proof(secret, "node", nonce, theirs)):
-    raise NodeError("wrong or missing JDTENSOR_RUN_SECRET")
-  chan.send({"proof": handshake_proof(secret, "node 0", theirs, nonce)})
-  return hello
-
-
-def _join(spec: LaunchSpec, deadline: Deadline) -> tuple[_Channel, str]:
-  """Node R > 0: reaches node 0 and authenticates; (channel, this node's
-  address as node 0 sees the connection come from)."""
-  host, port = split_host_port(spec.coordinator or "")
-  while True:
-    try:
-      sock = socket.create_connection((host, port),
-                                      timeout=max(0.1, min(deadline.remaining(), 2.0)))
-      break
-    except OSError:
-      if deadline.expired():
-        raise NodeError(
-            f"node {spec.node_rank} could not reach node 0's launcher at "
-            f"--coordinator {spec.coordinator} within {deadline.seconds:g} s "
-            "(--timeout); start node 0 there.") from None
-      time.sleep(0.2)
-  chan = _Channel(sock)
-  address = sock.getsockname()[0]
-  try:
-    challenge = chan.recv(_STAGE_SECONDS)
-    if challenge is None or challenge.get("jdtensor_nodes") != _PROTOCOL:
-      raise NodeError(f"the process at {spec.coordinator} is not a jdtensor "
-                      "launcher of this version (node 0).")
-    if "error" in challenge:
-      raise NodeError(f"node 0 refused this node: {challenge['error']}")
-    if challenge.get("auth") != bool(spec.secret):
-      raise NodeError("node 0 and this node disagree on having a "
-                      "JDTENSOR_RUN_SECRET; set the same one on every node.")
-    nonce, mine = str(challenge.get("nonce")), os.urandom(32).hex()
-    chan.send({"nonce": mine, "proof": handshake_proof(spec.secret, "node", nonce, mine),
-               "hello": _hello(spec)})
-    reply = chan.recv(_STAGE_SECONDS)
-    if reply is None:
-      raise NodeError("node 0 closed the connection (a wrong JDTENSOR_RUN_SECRET?)")
-    if "error" in reply:
-      raise NodeError(f"node 0 refused this node: {reply['error']}")
-    if not hmac.compare_digest(str(reply.get("proof", "")),
-                               handshake_proof(spec.secret, "node 0", mine, nonce)):
-      raise NodeError(f"the launcher at {spec.coordinator} did not prove it "
-                      "knows JDTENSOR_RUN_SECRET.")
-    joined = chan.recv(_STAGE_SECONDS)
-    if joined is None or "error" in joined:
-      raise NodeError(f"node 0 refused this node: "
-                      f"{(joined or {}).get('error', 'connection closed')}")
-  except (ValueError, TimeoutError, OSError) as e:
-    chan.close()
-    raise NodeError(f"the handshake with node 0 at {spec.coordinator} failed: "
-                    f"{e or type(e).__name__}") from None
-  except NodeError:
-    chan.close()
-    raise
-  return chan, address
-
-
 # -- attempts ---------------------------------------------------------------------
-
-@dataclass
-class _Outcome:
-  """How an attempt ended for the group (decided by node 0)."""
-  ok: bool
-  exit_code: int = 0
-  root: str = ""  # E.g. "client 2 exited with code 1 (on node 1)".
-  stop: bool = True  # No restart (an interrupt, a node gone, none left).
-
 
 def _failure_frame(node: int, failure: Failure) -> dict[str, Any]:
   return {"node": node, "client": failure.client, "what": failure.what,
@@ -359,15 +119,17 @@ def _summary(me: int, root: str, result: LaunchResult, grace: float) -> str:
 
 
 class _Node0:
-  """Node 0's side of the attempts."""
+  """Node 0's side of the attempts: it gathers the nodes' ports, says ``go``,
+  relays every failure, and decides for all."""
 
-  def __init__(self, spec: LaunchSpec, chans: dict[int, _Channel],
-               address: str):
+  def __init__(self, spec: LaunchSpec, chans: dict[int, Channel], address: str):
     self.spec, self.chans, self.address = spec, chans, address
     self.inbox: queue.Queue = queue.Queue()
     for rank, chan in chans.items():
       chan.listen(rank, self.inbox)
     self.lost: set[int] = set()
+    self.failures: list[dict[str, Any]] = []  # This attempt's, from any node.
+    self.done: dict[int, Any] = {}  # This attempt's "done" reports, by node.
 
   def broadcast(self, frame: dict[str, Any], but: int | None = None) -> None:
     for rank, chan in self.chans.items():
@@ -398,14 +160,111 @@ class _Node0:
         on_other(rank, frame)
     return got
 
+  def begin(self, attempt: int) -> Attempt:
+    spec = self.spec
+    held = _ports(spec, self.address)
+    try:
+      ports = {0: (self.address, held.ports)}
+      for rank, (address, node_ports) in self.gather(
+          "ports", Deadline(_ROUND_SECONDS)).items():
+        ports[rank] = (str(address), [int(p) for p in node_ports])
+      jobs = [format_host_port(ports[r][0], p) for r in range(spec.nnodes)
+              for p in ports[r][1]]
+      try:
+        _env.parse_jobs(",".join(jobs))  # Distinct and well-formed.
+      except ConfigError as e:
+        problem = (f"the nodes' clients would not have distinct addresses: {e} "
+                   "Give the nodes different addresses (--node-address) or "
+                   "--port ranges, or let jdtensor pick free ports (no --port).")
+        self.broadcast({"error": problem})
+        raise NodeError(problem) from None
+      go = {"jobs": jobs, "attempt": attempt, "nonce": secrets.token_hex(16),
+            "secret": None if spec.secret else secrets.token_hex(32)}
+      self.broadcast({"go": go})
+    finally:
+      held.release()
+    self.failures, self.done = [], {}
+    return _attempt_for(spec, go)
+
+  def _note(self, rank: int, frame: dict[str, Any]) -> None:
+    if "failed" in frame:
+      self.failures.append(frame["failed"])
+      self.broadcast({"stop": frame["failed"]}, but=rank)
+    elif "done" in frame:
+      self.done[rank] = frame["done"]
+
+  def _on_failure(self, failure: Failure) -> None:
+    frame = _failure_frame(0, failure)
+    self.failures.append(frame)
+    self.broadcast({"stop": frame})
+
+  def watchers(self) -> tuple[Any, Any]:
+    def stop_request() -> str | None:
+      for rank, frame in _drain(self.inbox):
+        if frame is None:
+          self.lost.add(rank)
+          self.failures.append(_gone(rank))
+          self.broadcast({"stop": self.failures[-1]})
+        else:
+          self._note(rank, frame)
+      if self.failures:
+        return f"stopped because of {_root_text(_earliest(self.failures), 0)}"
+      return None
+    return stop_request, self._on_failure
+
+  def decide(self, result: LaunchResult, signals: supervisor.Signals) -> _Decision:
+    spec, attempt, failures, done = self.spec, result.restarts, self.failures, self.done
+    if signals.interrupt.signal is not None and not failures:
+      self._on_failure(Failure(None, "node 0's launcher was interrupted", True,
+                               time.time()))
+    self.gather("done", Deadline(spec.grace + _ROUND_SECONDS), on_other=self._note,
+                got=done)
+    for report in done.values():
+      if report.get("failure"):
+        failures.append(report["failure"])
+    interrupted = signals.interrupt.signal is not None or any(
+        report.get("interrupted") for report in done.values())
+    if result.exit_code == 0 and not failures and all(
+        report.get("ok") for report in done.values()):
+      self.broadcast({"finish": {"exit_code": 0, "root": ""}})
+      return _Decision(True)
+    root = _earliest(failures)
+    root_text = _root_text(root, 0) if root else result.reason
+    exit_code = next((r.get("exit_code") for r in [*done.values()]
+                      if root and r.get("failure") == root), None)
+    if exit_code is None:
+      exit_code = result.exit_code or 1
+    timed_out = exit_code == EXIT_TIMEOUT  # Never restarted.
+    if interrupted or self.lost or timed_out or attempt >= spec.max_restarts:
+      self.broadcast({"finish": {"exit_code": exit_code, "root": root}})
+      result.reason = _summary(0, root_text, result, spec.grace)
+      result.exit_code = exit_code
+      result.first_failure = root.get("client") if root else None
+      return _Decision(True, result.reason)
+    self.broadcast({"next": {"attempt": attempt + 1, "root": root}})
+    return _Decision(False, f"jdtensor launch (node 0): restarting the group "
+                            f"({attempt + 1} of {spec.max_restarts}) after: {root_text}")
+
+  def on_error(self, error: NodeError) -> None:
+    """The group cannot go on: every node is told why."""
+    self.broadcast({"error": str(error)})
+
+  def close(self) -> None:
+    for chan in self.chans.values():
+      chan.close()
+
 
 class _NodeR:
-  """Node R's side: frames from node 0 through a queue."""
+  """Node R's side: sends its ports, waits for ``go``, reports its failures
+  and its ``done``, and does what node 0 decides."""
 
-  def __init__(self, chan: _Channel):
-    self.chan = chan
+  def __init__(self, spec: LaunchSpec, chan: Channel, address: str):
+    self.spec, self.chan, self.address = spec, chan, address
+    self.me = spec.node_rank
     self.inbox: queue.Queue = queue.Queue()
     chan.listen(0, self.inbox)
+    self.stopped_by: list[dict[str, Any]] = []  # This attempt's, from node 0.
+    self.mine: list[dict[str, Any]] = []  # This attempt's own failures.
 
   def expect(self, kinds: tuple[str, ...], deadline: Deadline) -> dict[str, Any]:
     while True:
@@ -421,13 +280,74 @@ class _NodeR:
       if any(k in frame for k in kinds):
         return frame
 
+  def begin(self, attempt: int) -> Attempt:
+    held = _ports(self.spec, self.address)
+    try:
+      self.chan.send({"ports": [self.address, held.ports]})
+      frame = self.expect(("go", "finish"), Deadline(_ROUND_SECONDS))
+    finally:
+      held.release()
+    if "finish" in frame:
+      raise NodeError("node 0 ended the run before it started.")
+    self.stopped_by, self.mine = [], []
+    return _attempt_for(self.spec, frame["go"])
+
+  def _on_failure(self, failure: Failure) -> None:
+    self.mine.append(_failure_frame(self.me, failure))
+    self.chan.send({"failed": self.mine[-1]})
+
+  def watchers(self) -> tuple[Any, Any]:
+    def stop_request() -> str | None:
+      for _, got in _drain(self.inbox):
+        if got is None:
+          self.stopped_by.append(_gone(0))
+        elif "stop" in got:
+          self.stopped_by.append(got["stop"])
+      if self.stopped_by:
+        return f"stopped because of {_root_text(self.stopped_by[0], self.me)}"
+      return None
+    return stop_request, self._on_failure
+
+  def decide(self, result: LaunchResult, signals: supervisor.Signals) -> _Decision:
+    spec, me = self.spec, self.me
+    if signals.interrupt.signal is not None and not self.mine:
+      self._on_failure(Failure(None, f"node {me}'s launcher was interrupted", True,
+                               time.time()))
+    if self.stopped_by and self.stopped_by[0]["what"] == _gone(0)["what"]:
+      raise NodeError("node 0's launcher is gone (connection closed).")
+    self.chan.send({"done": {
+        "ok": result.exit_code == 0, "exit_code": result.exit_code,
+        "failure": self.mine[0] if self.mine else None,
+        "interrupted": signals.interrupt.signal is not None}})
+    decision = self.expect(("next", "finish"), Deadline(spec.grace + _ROUND_SECONDS))
+    if "finish" in decision:
+      end = decision["finish"]
+      result.exit_code = int(end.get("exit_code", 1))
+      if not result.exit_code:
+        return _Decision(True)
+      root = end.get("root")
+      result.first_failure = root.get("client") if root else None
+      result.reason = _summary(me, _root_text(root, me) if root else
+                               "the run failed", result, spec.grace)
+      return _Decision(True, result.reason)
+    root = decision["next"].get("root")
+    return _Decision(False, f"jdtensor launch (node {me}): restarting the group "
+                            f"({decision['next']['attempt']} of {spec.max_restarts}) "
+                            f"after: {_root_text(root, me) if root else 'a failure'}")
+
+  def on_error(self, error: NodeError) -> None:
+    pass  # Node 0 decides; it hears of this node's end from its connection.
+
+  def close(self) -> None:
+    self.chan.close()
+
 
 def run(spec: LaunchSpec, out: IO[str], err: IO[str],
         env: Mapping[str, str], signals: supervisor.Signals) -> LaunchResult:
   """Runs `spec` across its nodes and attempts; see the module docstring."""
   if spec.nnodes == 1:
-    return _run_one_node(spec, out, err, env, signals)
-  join = Deadline(spec.timeout or _DEFAULT_JOIN_SECONDS)
+    return _run_attempts(_OneNode(spec), spec, out, err, env, signals)
+  deadline = Deadline(spec.timeout or _DEFAULT_JOIN_SECONDS)
   if not spec.secret:
     err.write(f"jdtensor launch: warning: the nodes' handshake is not "
               f"authenticated: {_env.JDTENSOR_RUN_SECRET} is not set; any process "
@@ -435,12 +355,12 @@ def run(spec: LaunchSpec, out: IO[str], err: IO[str],
               "every node.\n")
   try:
     if spec.node_rank == 0:
-      chans = _serve(spec, join, err)
+      chans = serve(spec, deadline, err)
       address = spec.node_address or split_host_port(spec.coordinator or "")[0]
-      return _run_node0(spec, out, err, env, signals, _Node0(spec, chans, address))
-    chan, seen_as = _join(spec, join)
-    return _run_node_r(spec, out, err, env, signals, _NodeR(chan),
-                       spec.node_address or seen_as)
+      return _run_attempts(_Node0(spec, chans, address), spec, out, err, env, signals)
+    chan, seen_as = join(spec, deadline)
+    return _run_attempts(_NodeR(spec, chan, spec.node_address or seen_as), spec, out,
+                         err, env, signals)
   except NodeError as e:
     text = f"jdtensor launch (node {spec.node_rank}): {e}"
     err.write(text + "\n")
@@ -448,28 +368,70 @@ def run(spec: LaunchSpec, out: IO[str], err: IO[str],
     return LaunchResult(reason=text, exit_code=_EXIT_USAGE)
 
 
-def _run_one_node(spec: LaunchSpec, out: IO[str], err: IO[str],
+@dataclass
+class _Decision:
+  """What a node does after an attempt: `line` to print (the summary, or the
+  restart line), and whether the run is over."""
+  over: bool
+  line: str = ""
+
+
+def _run_attempts(node: Any, spec: LaunchSpec, out: IO[str], err: IO[str],
                   env: Mapping[str, str], signals: supervisor.Signals) -> LaunchResult:
+  """The one restart loop: each attempt is set up by `node` (`begin`), run
+  by `supervisor.run_attempt` with `node`'s watchers, and judged by `node`
+  (`decide`): over, or started again."""
   attempt = 0
-  while True:
-    secret = spec.secret if attempt == 0 else secrets.token_hex(32)
-    result = supervisor.run_attempt(
-        spec, Attempt.local(spec, attempt, secret), out, err, env,
-        signals, quiet=True)
-    result.restarts = attempt
+  try:
+    while True:
+      plan = node.begin(attempt)
+      stop_request, on_failure = node.watchers()
+      result = supervisor.run_attempt(spec, plan, out, err, env, signals, stop_request,
+                                      on_failure, quiet=True)
+      result.restarts = plan.restart_count
+      decision = node.decide(result, signals)
+      if decision.line:
+        err.write(decision.line + "\n")
+        err.flush()
+      if decision.over:
+        return result
+      attempt += 1
+  except NodeError as e:
+    node.on_error(e)
+    raise
+  finally:
+    node.close()
+
+
+class _OneNode:
+  """One node with restarts: no network; each attempt on fresh local ports."""
+
+  def __init__(self, spec: LaunchSpec):
+    self.spec = spec
+
+  def begin(self, attempt: int) -> Attempt:
+    secret = self.spec.secret if attempt == 0 else secrets.token_hex(32)
+    return Attempt.local(self.spec, attempt, secret)
+
+  def watchers(self) -> tuple[None, None]:
+    return None, None
+
+  def decide(self, result: LaunchResult, signals: supervisor.Signals) -> _Decision:
+    spec, attempt = self.spec, result.restarts
     # A time-out bounds the whole run: it is never restarted.
     if (result.exit_code in (0, EXIT_TIMEOUT)
         or signals.interrupt.signal is not None or attempt >= spec.max_restarts):
-      if result.reason:
-        err.write(result.reason + "\n")
-        err.flush()
-      return result
+      return _Decision(True, result.reason)
     # One line per restart, with the whole summary of the attempt.
-    attempt += 1
     why = result.reason.removeprefix("jdtensor launch: ")
-    err.write(f"jdtensor launch: restarting ({attempt} of {spec.max_restarts}) "
-              f"after: {why}\n")
-    err.flush()
+    return _Decision(False, f"jdtensor launch: restarting ({attempt + 1} of "
+                            f"{spec.max_restarts}) after: {why}")
+
+  def on_error(self, error: NodeError) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
 
 
 def _attempt_for(spec: LaunchSpec, go: dict[str, Any]) -> Attempt:
@@ -478,168 +440,4 @@ def _attempt_for(spec: LaunchSpec, go: dict[str, Any]) -> Attempt:
   ids = tuple(range(spec.node_rank * n, (spec.node_rank + 1) * n))
   secret = go.get("secret") or _client_secret(spec.secret, go["nonce"])
   return Attempt(ids, jobs, secret, int(go["attempt"]))
-
-
-def _run_node0(spec: LaunchSpec, out: IO[str], err: IO[str],
-               env: Mapping[str, str], signals: supervisor.Signals, group: _Node0
-               ) -> LaunchResult:
-  attempt, result = 0, LaunchResult()
-  try:
-    while True:
-      held = _ports(spec, group.address)
-      try:
-        ports = {0: (group.address, held.ports)}
-        for rank, (address, node_ports) in group.gather(
-            "ports", Deadline(_ROUND_SECONDS)).items():
-          ports[rank] = (str(address), [int(p) for p in node_ports])
-        jobs = [format_host_port(ports[r][0], p) for r in range(spec.nnodes)
-                for p in ports[r][1]]
-        try:
-          _env.parse_jobs(",".join(jobs))  # Distinct and well-formed.
-        except ConfigError as e:
-          problem = (f"the nodes' clients would not have distinct addresses: {e} "
-                     "Give the nodes different addresses (--node-address) or "
-                     "--port ranges, or let jdtensor pick free ports (no --port).")
-          group.broadcast({"error": problem})
-          raise NodeError(problem) from None
-        nonce = secrets.token_hex(16)
-        go = {"jobs": jobs, "attempt": attempt, "nonce": nonce,
-              "secret": None if spec.secret else secrets.token_hex(32)}
-        group.broadcast({"go": go})
-      finally:
-        held.release()
-      failures: list[dict[str, Any]] = []
-      done: dict[int, Any] = {}
-
-      def note(rank: int, frame: dict[str, Any]) -> None:
-        if "failed" in frame:
-          failures.append(frame["failed"])
-          group.broadcast({"stop": frame["failed"]}, but=rank)
-        elif "done" in frame:
-          done[rank] = frame["done"]
-
-      def stop_request() -> str | None:
-        for rank, frame in _drain(group.inbox):
-          if frame is None:
-            group.lost.add(rank)
-            failures.append(_gone(rank))
-            group.broadcast({"stop": failures[-1]})
-          else:
-            note(rank, frame)
-        if failures:
-          return f"stopped because of {_root_text(_earliest(failures), 0)}"
-        return None
-
-      def on_failure(failure: Failure) -> None:
-        frame = _failure_frame(0, failure)
-        failures.append(frame)
-        group.broadcast({"stop": frame})
-      result = supervisor.run_attempt(spec, _attempt_for(spec, go), out, err, env,
-                                    signals, stop_request, on_failure, quiet=True)
-      result.restarts = attempt
-      if signals.interrupt.signal is not None and not failures:
-        on_failure(Failure(None, "node 0's launcher was interrupted",
-                                    True, time.time()))
-      group.gather("done", Deadline(spec.grace + _ROUND_SECONDS), on_other=note,
-                   got=done)
-      for report in done.values():
-        if report.get("failure"):
-          failures.append(report["failure"])
-      interrupted = signals.interrupt.signal is not None or any(
-          report.get("interrupted") for report in done.values())
-      if result.exit_code == 0 and not failures and all(
-          report.get("ok") for report in done.values()):
-        group.broadcast({"finish": {"exit_code": 0, "root": ""}})
-        return result
-      root = _earliest(failures)
-      root_text = _root_text(root, 0) if root else result.reason
-      exit_code = next((r.get("exit_code") for r in [*done.values()]
-                        if root and r.get("failure") == root), None)
-      if exit_code is None:
-        exit_code = result.exit_code or 1
-      timed_out = exit_code == EXIT_TIMEOUT  # Never restarted.
-      if interrupted or group.lost or timed_out or attempt >= spec.max_restarts:
-        group.broadcast({"finish": {"exit_code": exit_code, "root": root}})
-        result.reason = _summary(0, root_text, result, spec.grace)
-        result.exit_code = exit_code
-        result.first_failure = root.get("client") if root else None
-        err.write(result.reason + "\n")
-        err.flush()
-        return result
-      attempt += 1
-      group.broadcast({"next": {"attempt": attempt, "root": root}})
-      err.write(f"jdtensor launch (node 0): restarting the group ({attempt} of "
-                f"{spec.max_restarts}) after: {root_text}\n")
-      err.flush()
-  except NodeError as e:
-    group.broadcast({"error": str(e)})
-    raise
-  finally:
-    for chan in group.chans.values():
-      chan.close()
-
-
-def _run_node_r(spec: LaunchSpec, out: IO[str], err: IO[str],
-                env: Mapping[str, str], signals: supervisor.Signals, node: _NodeR,
-                address: str) -> LaunchResult:
-  me = spec.node_rank
-  try:
-    while True:
-      held = _ports(spec, address)
-      try:
-        node.chan.send({"ports": [address, held.ports]})
-        frame = node.expect(("go", "finish"), Deadline(_ROUND_SECONDS))
-      finally:
-        held.release()
-      if "finish" in frame:
-        raise NodeError("node 0 ended the run before it started.")
-      go = frame["go"]
-      stopped_by: list[dict[str, Any]] = []
-
-      def stop_request() -> str | None:
-        for _, got in _drain(node.inbox):
-          if got is None:
-            stopped_by.append(_gone(0))
-          elif "stop" in got:
-            stopped_by.append(got["stop"])
-        if stopped_by:
-          return f"stopped because of {_root_text(stopped_by[0], me)}"
-        return None
-
-      mine: list[dict[str, Any]] = []
-
-      def on_failure(failure: Failure) -> None:
-        mine.append(_failure_frame(me, failure))
-        node.chan.send({"failed": mine[-1]})
-      result = supervisor.run_attempt(spec, _attempt_for(spec, go), out, err, env,
-                                    signals, stop_request, on_failure, quiet=True)
-      result.restarts = int(go["attempt"])
-      if signals.interrupt.signal is not None and not mine:
-        on_failure(Failure(None, f"node {me}'s launcher was interrupted",
-                                    True, time.time()))
-      if stopped_by and stopped_by[0]["what"] == _gone(0)["what"]:
-        raise NodeError("node 0's launcher is gone (connection closed).")
-      node.chan.send({"done": {
-          "ok": result.exit_code == 0, "exit_code": result.exit_code,
-          "failure": mine[0] if mine else None,
-          "interrupted": signals.interrupt.signal is not None}})
-      decision = node.expect(("next", "finish"), Deadline(spec.grace + _ROUND_SECONDS))
-      if "finish" in decision:
-        end = decision["finish"]
-        result.exit_code = int(end.get("exit_code", 1))
-        if result.exit_code:
-          root = end.get("root")
-          result.first_failure = root.get("client") if root else None
-          result.reason = _summary(me, _root_text(root, me) if root else
-                                   "the run failed", result, spec.grace)
-          err.write(result.reason + "\n")
-          err.flush()
-        return result
-      root = decision["next"].get("root")
-      err.write(f"jdtensor launch (node {me}): restarting the group "
-                f"({decision['next']['attempt']} of {spec.max_restarts}) after: "
-                f"{_root_text(root, me) if root else 'a failure'}\n")
-      err.flush()
-  finally:
-    node.chan.close()
 

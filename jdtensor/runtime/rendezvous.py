@@ -41,7 +41,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import hmac
-import json
 import os
 import re
 import select

@@ -72,7 +72,7 @@ def create_tpu_mesh(mesh_dim_names: Sequence[str],
       rotate_ring_across_rings=rotate_ring_across_rings)
   logging.vlog(1, "Permutated core locations: %s", locations)
   where = topology.task_ordinal()
-  client = runtime.state().env.client_id  # type: ignore[union-attr]
+  client = runtime.cluster().client_id  # type: ignore[union-attr]
   position = {loc: d for d, loc in enumerate(locations)}
   per_task = topology.device_coordinates.shape[1]
   local_ids = [position[tuple(int(v) for v in topology.device_coordinates[client, k])]

@@ -278,3 +278,14 @@ def test_bind_address_must_be_a_string():
     _env.parse_bind_address("coordinator_bind_address", 12345)
   assert str(e.value) == ("coordinator_bind_address must be a str like 'host', "
                           "'host:port' or '[::1]:port', got 12345 of type int.")
+
+
+def test_a_cluster_read_parses_dtensor_jobs_once(monkeypatch):
+  """Every check of one read uses the same parse (issue #22: it was 4)."""
+  calls = []
+  real = _env.parse_jobs
+  monkeypatch.setattr(_env, "parse_jobs", lambda raw: calls.append(raw) or real(raw))
+  env = _env.read_cluster_env({"DTENSOR_JOBS": "localhost:1,localhost:2",
+                               "DTENSOR_CLIENT_ID": "1", "DTENSOR_NUM_CLIENTS": "2"})
+  assert (env.num_clients, env.client_id, env.job_name) == (2, 1, "worker")
+  assert calls == ["localhost:1,localhost:2"]

@@ -1,0 +1,254 @@
+"""How the launchers of several nodes meet: one connection from each node to
+node 0, authenticated, with every node's settings checked.
+
+PURE of JAX: standard library only. Node 0 listens at ``--coordinator``
+(`serve`), every other node connects and retries until the time-out
+(`join`); both sides prove the launchers' shared ``JDTENSOR_RUN_SECRET`` (a
+challenge and an HMAC, as the clients do) and node 0 checks that the nodes'
+hellos agree. The attempts over these connections are `jdtensor.launcher.nodes`'s.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import queue
+import socket
+import threading
+import time
+from typing import IO, Any
+
+from jdtensor._deadline import Deadline
+from jdtensor._wire import Frames, encode, handshake_proof, split_host_port
+from jdtensor.launcher.spec import LaunchSpec
+
+__all__ = ["Channel", "NodeError", "serve", "join"]
+
+_PROTOCOL = 1
+_STAGE_SECONDS = 10.0  # For each handshake step of a peer that has connected.
+
+
+class NodeError(Exception):
+  """The nodes could not form or keep the group (said to the user as is)."""
+
+
+class Channel:
+  """Newline-ended JSON frames on one connection between two launchers."""
+
+  def __init__(self, sock: socket.socket):
+    self.sock = sock
+    self._frames = Frames()
+    self._ready: list[dict[str, Any]] = []
+    self._send_lock = threading.Lock()
+
+  def send(self, frame: dict[str, Any]) -> bool:
+    data = encode(frame)
+    with self._send_lock:
+      try:
+        self.sock.sendall(data)
+        return True
+      except OSError:
+        return False
+
+  def recv(self, timeout: float | None) -> dict[str, Any] | None:
+    """The next frame; None at the end of the stream.
+
+    Raises:
+      TimeoutError: Nothing complete within `timeout`.
+      ValueError: Something that is not a frame.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not self._ready:
+      remaining = None if deadline is None else deadline - time.monotonic()
+      if remaining is not None and remaining <= 0:
+        raise TimeoutError
+      self.sock.settimeout(remaining)
+      try:
+        chunk = self.sock.recv(65536)
+      except socket.timeout:
+        raise TimeoutError from None
+      except OSError:
+        return None
+      if not chunk:
+        return None
+      self._ready += self._frames.feed(chunk)
+    return self._ready.pop(0)
+
+  def listen(self, rank: int, into: queue.Queue) -> None:
+    """Reads frames on a daemon thread into `into` as (rank, frame); (rank,
+    None) when the connection ends."""
+    def read() -> None:
+      self.sock.settimeout(None)
+      while True:
+        try:
+          frame = self.recv(None)
+        except (ValueError, TimeoutError, OSError):
+          frame = None
+        into.put((rank, frame))
+        if frame is None:
+          return
+    threading.Thread(target=read, daemon=True,
+                     name=f"jdtensor-launch-node-{rank}").start()
+
+  def close(self) -> None:
+    try:
+      self.sock.close()
+    except OSError:
+      pass
+
+
+def _hello(spec: LaunchSpec) -> dict[str, Any]:
+  return {"rank": spec.node_rank, "nnodes": spec.nnodes,
+          # None: the environment gave no count, so JAX's default of 1.
+          "clients": spec.num_clients, "devices": spec.devices_per_client or 1,
+          "device_type": spec.device_type.upper(), "restarts": spec.max_restarts}
+
+
+_AGREED = {"nnodes": "--nnodes", "clients": "-n (clients per node)",
+           "devices": "--devices-per-client", "device_type": "--device-type",
+           "restarts": "--max-restarts"}
+
+
+def _disagreement(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+  for key, flag in _AGREED.items():
+    if theirs.get(key) != mine[key]:
+      return (f"node {theirs.get('rank')} has {flag} {theirs.get(key)!r} but node 0 "
+              f"has {mine[key]!r}; start every node with the same values.")
+  return None
+
+
+# -- meeting ----------------------------------------------------------------------
+
+def serve(spec: LaunchSpec, deadline: Deadline, log: IO[str]
+           ) -> dict[int, Channel]:
+  """Node 0: accepts and authenticates every other node, or raises."""
+  host, port = split_host_port(spec.coordinator or "")
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  server = socket.socket(family, socket.SOCK_STREAM)
+  server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  try:
+    server.bind((host, port))
+  except OSError as e:
+    server.close()
+    raise NodeError(f"node 0 cannot listen at --coordinator {spec.coordinator}: "
+                    f"{e.strerror}; give an address of this machine and a free "
+                    "port.") from None
+  server.listen(64)
+  mine = _hello(spec)
+  chans: dict[int, Channel] = {}
+  try:
+    while len(chans) < spec.nnodes - 1:
+      if deadline.expired():
+        missing = [r for r in range(1, spec.nnodes) if r not in chans]
+        problem = (f"node(s) {', '.join(map(str, missing))} did not join at "
+                   f"{spec.coordinator} within {deadline.seconds:g} s (--timeout); "
+                   f"start them with --nnodes {spec.nnodes} --node-rank R "
+                   f"--coordinator {spec.coordinator}.")
+        for other in chans.values():
+          other.send({"error": problem})
+        raise NodeError(problem)
+      server.settimeout(max(0.05, min(deadline.remaining(), 1.0)))
+      try:
+        sock, peer = server.accept()
+      except socket.timeout:
+        continue
+      chan = Channel(sock)
+      try:
+        hello = _authenticate_node(chan, spec.secret, mine)
+      except (NodeError, ValueError, TimeoutError, OSError) as e:
+        log.write(f"jdtensor launch: refused a connection from {peer[0]}: {e}\n")
+        log.flush()
+        chan.close()
+        continue
+      problem = _disagreement(mine, hello)
+      rank = hello.get("rank")
+      if problem is None and (type(rank) is not int or not 0 < rank < spec.nnodes  # pylint: disable=unidiomatic-typecheck
+                              or rank in chans):
+        problem = f"node rank {rank!r} is taken or out of range 1..{spec.nnodes - 1}."
+      if problem is not None:
+        chan.send({"error": problem})
+        chan.close()
+        for other in chans.values():
+          other.send({"error": problem})
+        raise NodeError(problem)
+      chan.send({"joined": True})
+      chans[rank] = chan
+    return chans
+  except BaseException:
+    for chan in chans.values():
+      chan.close()
+    raise
+  finally:
+    server.close()
+
+
+def _authenticate_node(chan: Channel, secret: str | None,
+                       mine: dict[str, Any]) -> dict[str, Any]:
+  """Node 0's side of one node's handshake; the node's hello, or raises."""
+  nonce = os.urandom(32).hex()
+  chan.send({"jdtensor_nodes": _PROTOCOL, "nonce": nonce, "auth": bool(secret)})
+  answer = chan.recv(_STAGE_SECONDS)
+  if answer is None:
+    raise NodeError("it closed the connection")
+  theirs, hello = answer.get("nonce"), answer.get("hello")
+  if not isinstance(theirs, str) or not isinstance(hello, dict):
+    raise NodeError("it does not speak the launchers' handshake")
+  if not hmac.compare_digest(str(answer.get("proof", "")),
+                             handshake_proof(secret, "node", nonce, theirs)):
+    raise NodeError("wrong or missing JDTENSOR_RUN_SECRET")
+  chan.send({"proof": handshake_proof(secret, "node 0", theirs, nonce)})
+  return hello
+
+
+def join(spec: LaunchSpec, deadline: Deadline) -> tuple[Channel, str]:
+  """Node R > 0: reaches node 0 and authenticates; (channel, this node's
+  address as node 0 sees the connection come from)."""
+  host, port = split_host_port(spec.coordinator or "")
+  while True:
+    try:
+      sock = socket.create_connection((host, port),
+                                      timeout=max(0.1, min(deadline.remaining(), 2.0)))
+      break
+    except OSError:
+      if deadline.expired():
+        raise NodeError(
+            f"node {spec.node_rank} could not reach node 0's launcher at "
+            f"--coordinator {spec.coordinator} within {deadline.seconds:g} s "
+            "(--timeout); start node 0 there.") from None
+      time.sleep(0.2)
+  chan = Channel(sock)
+  address = sock.getsockname()[0]
+  try:
+    challenge = chan.recv(_STAGE_SECONDS)
+    if challenge is None or challenge.get("jdtensor_nodes") != _PROTOCOL:
+      raise NodeError(f"the process at {spec.coordinator} is not a jdtensor "
+                      "launcher of this version (node 0).")
+    if "error" in challenge:
+      raise NodeError(f"node 0 refused this node: {challenge['error']}")
+    if challenge.get("auth") != bool(spec.secret):
+      raise NodeError("node 0 and this node disagree on having a "
+                      "JDTENSOR_RUN_SECRET; set the same one on every node.")
+    nonce, mine = str(challenge.get("nonce")), os.urandom(32).hex()
+    chan.send({"nonce": mine, "proof": handshake_proof(spec.secret, "node", nonce, mine),
+               "hello": _hello(spec)})
+    reply = chan.recv(_STAGE_SECONDS)
+    if reply is None:
+      raise NodeError("node 0 closed the connection (a wrong JDTENSOR_RUN_SECRET?)")
+    if "error" in reply:
+      raise NodeError(f"node 0 refused this node: {reply['error']}")
+    if not hmac.compare_digest(str(reply.get("proof", "")),
+                               handshake_proof(spec.secret, "node 0", mine, nonce)):
+      raise NodeError(f"the launcher at {spec.coordinator} did not prove it "
+                      "knows JDTENSOR_RUN_SECRET.")
+    joined = chan.recv(_STAGE_SECONDS)
+    if joined is None or "error" in joined:
+      raise NodeError(f"node 0 refused this node: "
+                      f"{(joined or {}).get('error', 'connection closed')}")
+  except (ValueError, TimeoutError, OSError) as e:
+    chan.close()
+    raise NodeError(f"the handshake with node 0 at {spec.coordinator} failed: "
+                    f"{e or type(e).__name__}") from None
+  except NodeError:
+    chan.close()
+    raise
+  return chan, address

@@ -1,0 +1,161 @@
+"""Multi-client start-up: the rendezvous, then ``jax.distributed.initialize``.
+
+Run by `Runtime.initialize` (`jdtensor.runtime.state`) for a cluster of
+several clients, within the plan's one deadline.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+from jdtensor import _env, _wire
+from jdtensor import _logging as logging
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE, StartupTimeoutError
+from jdtensor.runtime import rendezvous
+
+if TYPE_CHECKING:
+  from jdtensor.runtime.state import Runtime, StartupPlan
+
+__all__ = ["start_distributed", "backend_initialized"]
+
+
+def backend_initialized() -> bool:
+  """Whether a JAX backend exists in this process. Never starts one."""
+  if "jax" not in sys.modules:
+    return False
+  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
+  return jax_private.backends_initialized()
+
+
+def _job_host_on_this_machine(env: _env.ClusterEnv) -> str | None:
+  """This client's own DTENSOR_JOBS host, if an address of this machine."""
+  entry = env.jobs[env.client_id]
+  if entry.startswith("/bns/"):
+    return None
+  host, _ = _wire.split_host_port(entry)
+  try:
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+      probe.bind(sockaddr[:2] if family == socket.AF_INET else sockaddr)
+  except OSError:
+    return None
+  return host
+
+
+def _bind_collectives_to_job_address(host: str | None, client_id: int) -> None:
+  """Makes gloo listen on this client's DTENSOR_JOBS host.
+
+  JAX builds its CPU collectives with the machine's hostname, which may
+  resolve to an address other hosts cannot reach (a loopback alias, another
+  interface). DTENSOR_JOBS[i] names client i's address, so that is where its
+  collectives listen. Left to JAX when that host is not an address of this
+  machine (e.g. Open MPI placeholders), or when gloo is not in use.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
+  if host is None or jax.config.jax_cpu_collectives_implementation != "gloo":
+    return
+  jax_private.bind_cpu_collectives(host)
+  logging.info("jdtensor: CPU collectives listen on %s (DTENSOR_JOBS[%d])", host,
+               client_id)
+
+
+class _StartupWatch:
+  """Liveness-link events during start-up: a peer's death stops this client."""
+
+  @staticmethod
+  def peer_died(client: int, how: str) -> None:
+    _died_during_startup(client, how)
+
+
+def _died_during_startup(client: int, how: str) -> None:
+  sys.stderr.write(
+      f"StartupError: client {client}'s process ended during start-up ({how}) "
+      "after meeting the coordinator; this client cannot join the cluster and "
+      f"stops (exit {PEER_FAILURE_EXIT_CODE}).\n")
+  sys.stderr.flush()
+  os._exit(PEER_FAILURE_EXIT_CODE)  # The main thread is inside JAX's connect.
+
+
+def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
+  """Rendezvous, then ``jax.distributed.initialize``, then cross-checks, all
+  within the plan's one deadline; what it sets up goes into `rt.state`."""
+  env, timeouts, deadline = plan.cluster, plan.timeouts, plan.deadline
+  if backend_initialized():
+    raise RuntimeError(
+        "The JAX backend has already been started in this process, so it cannot "
+        "join a multi-client cluster. Call initialize_accelerator_system() "
+        "before any JAX call that starts the backend (jax.devices(), creating "
+        "arrays, jit).")
+  coordinator = env.coordinator_address
+  bind = rendezvous.bind_address(coordinator, *plan.bind)
+  if plan.secret is None:
+    logging.warning(
+        "jdtensor: the start-up handshake is not authenticated: %s is not set, "
+        "so any process that can reach DTENSOR_JOBS[0] can join or disturb it. "
+        "`jdtensor launch` sets one per run; set the same one on every client.",
+        _env.JDTENSOR_RUN_SECRET)
+  logging.info("jdtensor client %d of %d: meeting the coordinator at %s",
+               env.client_id, env.num_clients, coordinator)
+  settings = {**plan.agreed, _env.JDTENSOR_INIT_TIMEOUT: timeouts.init,
+              _env.JDTENSOR_COORDINATION_TIMEOUT: timeouts.coordination,
+              _env.JDTENSOR_SHUTDOWN_TIMEOUT: timeouts.shutdown,
+              _env.DTENSOR_JOB_NAME: env.job_name}
+  meeting = rendezvous.rendezvous(
+      rendezvous.Hello(env.client_id, env.num_clients, env.jobs,
+                        plan.local_devices, env.heartbeat_enabled,
+                        tuple(sorted(settings.items()))),
+      coordinator, bind, deadline, plan.secret)
+  rt.state.links = meeting.links
+  rt.state.heartbeat_port = meeting.heartbeat_port
+  rt.state.heartbeat_socket = meeting.heartbeat_socket
+  atexit.register(rt.state.links.goodbye)
+  # Until initialisation ends, a client that dies leaves the others in JAX's
+  # C++ connect (which aborts at its time-out) or in the TPU core-id merge:
+  # stop cleanly. `initialize` hands the links on when it is done.
+  rt.state.links.watch(_StartupWatch())
+  rt._set_cpu_device_count(plan.cpu_devices, False)
+  import jax  # pylint: disable=g-import-not-at-top
+  if env.client_id != 0:
+    rendezvous.wait_for_service(coordinator, deadline, env.client_id)
+  if deadline.expired():
+    raise StartupTimeoutError(
+        f"Client {env.client_id}: start-up used up the init timeout "
+        f"({timeouts.init:g} s, {_env.JDTENSOR_INIT_TIMEOUT}) before JAX's "
+        "registration; raise it on every client.")
+  host, port = bind
+  jax.distributed.initialize(
+      coordinator_address=coordinator,
+      num_processes=env.num_clients,
+      process_id=env.client_id,
+      cluster_detection_method="deactivate",  # DTENSOR_* is the source of truth.
+      initialization_timeout=deadline.whole_seconds_left(),
+      heartbeat_timeout_seconds=math.ceil(timeouts.coordination),
+      shutdown_timeout_seconds=math.ceil(timeouts.shutdown),
+      coordinator_bind_address=_wire.format_host_port(host, port))
+  rt.state.gloo_host = _job_host_on_this_machine(env)
+  _bind_collectives_to_job_address(rt.state.gloo_host, env.client_id)
+  if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:
+    raise RuntimeError(
+        f"JAX disagrees with DTENSOR_*: it says process {jax.process_index()} "
+        f"of {jax.process_count()}, DTensor says client {env.client_id} of "
+        f"{env.num_clients}.")
+  platform = rt._platform(plan.device_type)
+  try:
+    devices = jax.devices(platform) if platform else []
+  except RuntimeError:
+    devices = []
+  counts = {c: 0 for c in range(env.num_clients)}
+  for d in devices:
+    counts[d.process_index] = counts.get(d.process_index, 0) + 1
+  if len(set(counts.values())) > 1:
+    raise RuntimeError(
+        f"Clients have different numbers of {plan.device_type} devices: "
+        + ", ".join(f"client {c}: {n}" for c, n in sorted(counts.items()))
+        + ". DTensor meshes need the same number on every client.")
