@@ -49,9 +49,18 @@ BARRIER_DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 # Which test produces each text on the installed JAX and fails if jdtensor no
 # longer recognises it ("path::test", run by "Testing a new JAX").
 PROBES = {
-    "GLOO_NOTICE_MARKERS": "tests/multiprocess/test_launcher.py::test_gloo_notices_are_dropped",
-    "GLOO_PEER_LOST": "tests/multiprocess/test_failure_modes.py",
-    "GLOO_NEVER_JOINED": "tests/multiprocess/test_waiting.py",
-    "GLOO_KEY_PREFIX": "tests/multiprocess/test_waiting.py",
-    "BARRIER_DEADLINE_EXCEEDED": "tests/multiprocess/test_multi_client.py",
+    "GLOO_NOTICE_MARKERS": "tests/multiprocess/test_jaxlib_texts.py::"
+                           "test_gloo_s_connection_notice_is_still_printed_and_recognised",
+    "GLOO_NOTICE_FRAGMENTS": "tests/multiprocess/test_jaxlib_texts.py::"
+                             "test_gloo_s_connection_notice_is_still_printed_and_recognised",
+    "GLOO_NOTICE_LEFTOVER": "tests/unit/test_launcher_output.py::"
+                            "test_gloo_notices_and_their_fragments_are_dropped",
+    "GLOO_PEER_LOST": "tests/multiprocess/test_failure_modes.py::"
+                      "test_a_sigkill_mid_collective_is_the_root_cause_not_the_peers_gloo_error",
+    "GLOO_NEVER_JOINED": "tests/multiprocess/test_waiting.py::"
+                         "test_a_slow_first_collective_is_not_killed_and_the_late_client_is_named",
+    "GLOO_KEY_PREFIX": "tests/multiprocess/test_waiting.py::"
+                       "test_a_slow_first_collective_is_not_killed_and_the_late_client_is_named",
+    "BARRIER_DEADLINE_EXCEEDED": "tests/multiprocess/test_multi_client.py::"
+                                 "test_barrier_timeout_raises_instead_of_hanging",
 }

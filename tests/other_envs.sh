@@ -3,7 +3,7 @@
 # environment (the README's test command runs this after the main suite):
 #
 # 1. The oldest supported JAX (the lower end of pyproject.toml's pin, also
-#    `_jax_private.TESTED_RANGE`): the pure, single-process and start-up
+#    `runtime/jax_private.TESTED_RANGE`): the pure, single-process and start-up
 #    tests, and the multi-client tests that touch each private JAX symbol
 #    (start-up, the heartbeat and its private runtime, failure verdicts,
 #    JAX's own view). The full suite passes there too (measured; see README,
@@ -44,7 +44,7 @@ run_oldest() {
     tests/unit tests/jax_single tests/test_architecture.py \
     tests/multiprocess/test_multi_client.py tests/multiprocess/test_invisible.py \
     tests/multiprocess/test_failure_modes.py tests/multiprocess/test_device_count.py \
-    tests/multiprocess/test_heartbeat.py
+    tests/multiprocess/test_heartbeat.py tests/multiprocess/test_jaxlib_texts.py
   echo "+ oldest JAX: $((SECONDS - start)) s"
 }
 

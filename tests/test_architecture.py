@@ -97,8 +97,8 @@ def test_private_jax_api_lives_in_one_module(module):
   assert not private, (module, private)
   assert "jdtensor.runtime.jax_private" not in _top_level_imports(PACKAGE / module)
   top_from = [n for n in tree.body if isinstance(n, ast.ImportFrom)
-              and n.module == "jdtensor" and any(a.name == "_jax_private"
-                                                 for a in n.names)]
+              and n.module == "jdtensor.runtime" and any(a.name == "jax_private"
+                                                         for a in n.names)]
   assert not top_from, module
 
 
@@ -168,7 +168,7 @@ LAYERS = [
                         "runtime.startup", "tpu.topology"]),
     ("the state owner", ["runtime.state", "runtime"]),
     ("runtime users", ["runtime.interop"]),
-    ("heartbeat leaves", ["heartbeat.departure", "heartbeat.flight",
+    ("heartbeat leaves", ["heartbeat.departure", "heartbeat.flight", "heartbeat.interfaces",
                           "heartbeat.protocol", "heartbeat.exchange"]),
     ("heartbeat", ["heartbeat"]),
     ("DTensor's face", ["config", "api", "mesh_util", "tpu.mesh", "tpu.system",
@@ -332,3 +332,18 @@ def test_the_tested_jax_range_is_pinned_once():
   pyproject = (PACKAGE.parent / "pyproject.toml").read_text()
   assert f'"jax{tested}"' in pyproject and f'"jaxlib{tested}"' in pyproject
   assert "tests/other_envs.sh" in (PACKAGE.parent / "README.md").read_text()
+
+
+def test_every_jaxlib_text_has_a_probe_that_exists():
+  """Each jaxlib text jdtensor matches on names the test that produces it on
+  the installed JAX (README, "Testing a new JAX"), and that test exists; the
+  private-JAX module lists every text beside its symbols."""
+  from jdtensor import _jaxlib_texts  # pylint: disable=g-import-not-at-top
+  texts = [n for n in _jaxlib_texts.__all__ if n != "PROBES"]
+  assert sorted(_jaxlib_texts.PROBES) == sorted(texts)
+  for name, probe in _jaxlib_texts.PROBES.items():
+    path, _, test = probe.partition("::")
+    source = (PACKAGE.parent / path).read_text()
+    assert f"def {test}(" in source, (name, probe)
+  private = (PACKAGE / PRIVATE_JAX).read_text()
+  assert "TEXTS = {name: getattr(_jaxlib_texts, name)" in private

@@ -3,10 +3,16 @@
 Every client exchanges DTensor's random token through a sum of every
 client's row (an all-reduce) every `period` seconds, on a thread; when a
 client dies, hangs, stalls, leaves early or restarts, the others notice
-within a bounded time and every one of them
-names the same client and reason (TF DTensor's heartbeat logs forever and
-never stops in its open-source build). The protocol itself (beats, watchdog,
-verdicts, policies) is `jdtensor.heartbeat.protocol.Heartbeat`; this module wires it.
+within a bounded time and every one of them names the same client and
+reason (TF DTensor's heartbeat logs forever and never stops in its
+open-source build).
+
+The package: this module is the entry point (DTensor's ``start``, and how a
+client leaves, below) and wires the parts together; `protocol` is the
+protocol itself (beats, watchdog, verdicts, policies: `protocol.Heartbeat`),
+given the three small objects of `interfaces`; `exchange` is the production
+exchange on the private runtime; `flight` records what the main thread is
+doing; `departure` reads how the process is leaving.
 
 **Invisible to JAX.** XLA collectives on one device group are matched across
 processes only by issue order, so a background all-reduce on devices that
@@ -56,9 +62,10 @@ from jdtensor.heartbeat.departure import Departure, ExitGuard
 from jdtensor.heartbeat.exchange import PrivateExchange
 from jdtensor.heartbeat.flight import (AT_EXIT, MainThreadRecorder, format_stacks,
                                        threads_inside_jax)
+from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.protocol import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, HOST_EXIT_WAIT,
                                          OWN_FAILURE_EXIT_CODE, POLICIES, ROLL_CALL_GRACE,
-                                         Heartbeat, ProcessHooks)
+                                         Heartbeat)
 
 __all__ = ["start", "start_with", "current", "Heartbeat", "PrivateExchange", "leave",
            "blame_peer", "install_exit_guard", "dump_stacks", "EXIT_CODE",

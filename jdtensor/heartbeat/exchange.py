@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from jdtensor.errors import NotInitializedError
-from jdtensor.heartbeat.protocol import BeatLayout, Exchange
+from jdtensor.heartbeat.interfaces import Exchange
+from jdtensor.heartbeat.protocol import BeatLayout
 
 __all__ = ["PrivateExchange", "bounded"]
 

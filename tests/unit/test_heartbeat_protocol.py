@@ -15,7 +15,7 @@ import pytest
 
 from jdtensor import _env, heartbeat
 from jdtensor.heartbeat import protocol
-from jdtensor.heartbeat.protocol import Exchange, Peers, ProcessHooks
+from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.errors import ConfigError
 

@@ -1,0 +1,100 @@
+"""What the heartbeat protocol is given: the exchange, the peers and the process.
+
+Small classes with working defaults: production subclasses them
+(`jdtensor.heartbeat.exchange.PrivateExchange`, and the client's process in
+`jdtensor.heartbeat`; the liveness links, `jdtensor.runtime.links.Links`, have
+the `Peers` methods), and a test fake is a few lines.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from jdtensor.errors import PeerFailureError
+
+__all__ = ["Exchange", "Peers", "ProcessHooks"]
+
+
+class Exchange:
+  """What the beats run on: a sum of one row per client, and a small shared
+  store. The production one is `jdtensor.heartbeat.exchange.PrivateExchange`;
+  a test subclasses this and implements `all_reduce` (the rest default to a
+  store that nobody else reads).
+
+  Attributes:
+    close_timeout: Seconds the teardown (`close`) may take.
+  """
+  close_timeout: float = 60.0
+
+  def open(self) -> None:
+    """Starts this client's end; run on the heartbeat thread before the first
+    exchange."""
+
+  def all_reduce(self, row: np.ndarray) -> np.ndarray:
+    """The element-wise sum of every client's `row` (every client gets the
+    same)."""
+    raise NotImplementedError
+
+  def roll_call(self, beat: int, grace: float) -> set[int] | None:
+    """Says "this client is in `beat`" where every client can see it, waits
+    up to `grace` seconds for the others, and returns who said so (None when
+    unreachable). Only an overdue beat calls it, so a beat costs no extra I/O.
+    """
+    return None
+
+  def share(self, key: str, value: str) -> None:
+    """Publishes a text under `key` for every client (a staller's stack)."""
+
+  def fetch(self, key: str, timeout: float) -> str | None:
+    """What some client published under `key`, waiting up to `timeout` s."""
+    return None
+
+  def joined_collective(self) -> bool:
+    """Whether this client has joined a collective of the user's yet (its
+    set-up is over)."""
+    return True
+
+  def close(self, timeout: float) -> bool:
+    """The teardown after an agreed stop; whether it succeeded in time."""
+    return True
+
+
+class Peers:
+  """The other clients as the liveness links reach them (the production one
+  is `jdtensor.runtime.links.Links`, which has these methods); by default,
+  nobody."""
+
+  def report(self, clients: list[int], why: str) -> None:
+    """Tells every other client that `clients` failed, and why."""
+
+  def wait_peers_gone(self, timeout: float, ignore: tuple[int, ...] | list[int] = ()
+                      ) -> None:
+    """Client 0 waits up to `timeout` s for the other clients (but `ignore`)
+    to end before it exits: its process hosts the coordination services."""
+
+
+class ProcessHooks:
+  """How the heartbeat reads and acts on its own process. The defaults are
+  the real ones, except that nobody is told: the launcher's report and the
+  failure under policy raise are `jdtensor.heartbeat`'s."""
+
+  def terminate(self, code: int) -> None:
+    """Ends the process at once (policy terminate)."""
+    os._exit(code)  # pylint: disable=protected-access
+
+  def tell_launcher(self, clients: list[int], why: str) -> None:
+    """Tells the launcher whom this client blames (``JDTENSOR_REPORT_DIR``)."""
+
+  def on_failure(self, error: PeerFailureError) -> None:
+    """Receives the failure under policy raise."""
+
+  def cpu_seconds(self) -> float:
+    """This process's CPU time (the busy share of each beat)."""
+    return time.process_time()
+
+  def clock(self) -> float:
+    """Monotonic seconds."""
+    return time.monotonic()
