@@ -160,7 +160,9 @@ def test_bad_env_errors_do_not_start_a_backend():
 # Layout.to_jax_sharding, ...) call down into runtime.interop when called;
 # interop never imports layout back.
 LAYERS = [
-    ("the floor", ["errors", "_env", "_logging", "_deadline", "device_spec", "_wire",
+    ("the floor", ["errors", "_env.names", "_env.parse", "_env.cluster_env",
+                   "_env.runtime_env", "_env.heartbeat_env", "_env", "_logging",
+                   "_deadline", "device_spec", "_wire",
                    "_jaxlib_texts",
                    "_report", "cluster"]),
     ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),
@@ -301,12 +303,12 @@ def test_the_public_names_are_listed_once_and_agree():
 
 
 def test_environment_names_and_reads_live_in_env():
-  """jdtensor's own variables are named only in _env, and only _env (and the
-  tools, which pass the environment on to children) reads os.environ; the
+  """jdtensor's own variables are named only in _env/names.py, and only _env
+  (and the tools, which pass the environment on to children) reads os.environ; the
   cluster managers' variables are parsed by cluster.py from a mapping."""
   for path in PACKAGE.rglob("*.py"):
     name = path.relative_to(PACKAGE).as_posix()
-    if name == "_env.py":
+    if name == "_env/names.py":
       continue
     text = path.read_text()
     tree = ast.parse(text)
@@ -319,7 +321,7 @@ def test_environment_names_and_reads_live_in_env():
            or v == "JAX_NUM_CPU_DEVICES"}
     assert not own, (name, own)
     reads = "os.environ" in set(_dotted_names(tree))
-    assert not reads or name in ("launcher/__init__.py", "launcher/spec.py",
+    assert not reads or name in ("_env/parse.py", "launcher/__init__.py",
                                  "testing/__init__.py", "cluster.py"), name
 
 

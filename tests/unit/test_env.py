@@ -283,8 +283,9 @@ def test_bind_address_must_be_a_string():
 def test_a_cluster_read_parses_dtensor_jobs_once(monkeypatch):
   """Every check of one read uses the same parse (issue #22: it was 4)."""
   calls = []
-  real = _env.parse_jobs
-  monkeypatch.setattr(_env, "parse_jobs", lambda raw: calls.append(raw) or real(raw))
+  from jdtensor._env import cluster_env  # pylint: disable=g-import-not-at-top
+  real = cluster_env.parse_jobs
+  monkeypatch.setattr(cluster_env, "parse_jobs", lambda raw: calls.append(raw) or real(raw))
   env = _env.read_cluster_env({"DTENSOR_JOBS": "localhost:1,localhost:2",
                                "DTENSOR_CLIENT_ID": "1", "DTENSOR_NUM_CLIENTS": "2"})
   assert (env.num_clients, env.client_id, env.job_name) == (2, 1, "worker")
