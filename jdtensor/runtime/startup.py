@@ -120,7 +120,7 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
   # C++ connect (which aborts at its time-out) or in the TPU core-id merge:
   # stop cleanly. `initialize` hands the links on when it is done.
   rt.state.links.watch(_StartupWatch())
-  rt._set_cpu_device_count(plan.cpu_devices, False)
+  rt.apply_cpu_device_count(plan.cpu_devices, False)
   import jax  # pylint: disable=g-import-not-at-top
   if env.client_id != 0:
     rendezvous.wait_for_service(coordinator, deadline, env.client_id)
@@ -146,7 +146,7 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
         f"JAX disagrees with DTENSOR_*: it says process {jax.process_index()} "
         f"of {jax.process_count()}, DTensor says client {env.client_id} of "
         f"{env.num_clients}.")
-  platform = rt._platform(plan.device_type)
+  platform = rt.platform_of(plan.device_type)
   try:
     devices = jax.devices(platform) if platform else []
   except RuntimeError:

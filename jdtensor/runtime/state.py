@@ -172,7 +172,8 @@ class Runtime:
       return self.state.simulated_tpu
     return read_simulated_topology()
 
-  def _platform(self, device_type: str) -> str | None:
+  def platform_of(self, device_type: str) -> str | None:
+    """The JAX platform whose devices are DTensor's `device_type` here."""
     if device_type == "TPU" and self.simulated_tpu() is not None:
       return "cpu"  # Simulated TPU cores are this client's CPU devices.
     return PLATFORMS.get(device_type)
@@ -187,7 +188,7 @@ class Runtime:
       cached = self.state._device_table.get(key)  # pylint: disable=protected-access
       if cached is None:
         import jax  # pylint: disable=g-import-not-at-top
-        platform = self._platform(key[0])
+        platform = self.platform_of(key[0])
         try:
           devices = jax.devices(platform) if platform else []
         except RuntimeError:  # No backend for this platform.
@@ -260,7 +261,7 @@ class Runtime:
       if multi_client:
         startup.start_distributed(self, plan)
       else:
-        self._set_cpu_device_count(plan.cpu_devices, plan.reset_requested)
+        self.apply_cpu_device_count(plan.cpu_devices, plan.reset_requested)
       if not self.client_devices(device_type, process_index()):
         raise ValueError(
             f"initialize_accelerator_system({device_type!r}): this process has no "
@@ -281,7 +282,7 @@ class Runtime:
                    device_type, self.state.init_seconds, env.client_id, env.num_clients)
       return device_type
 
-  def _set_cpu_device_count(self, count: int | None, reset_requested: bool) -> None:
+  def apply_cpu_device_count(self, count: int | None, reset_requested: bool) -> None:
     """Applies `count` CPU devices; it must happen before the backend starts."""
     import jax  # pylint: disable=g-import-not-at-top
     if not backend_initialized():

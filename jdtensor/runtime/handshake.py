@@ -1,0 +1,165 @@
+"""The start-up handshake's messages, shared by client 0 (`jdtensor.runtime.host`)
+and the clients that join it (`jdtensor.runtime.rendezvous`).
+
+PURE: standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jdtensor._wire import encode, split_host_port
+from jdtensor.runtime.links import Links
+
+__all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "reserve_port", "run_id",
+           "jobs_digest", "PROTOCOL", "STAGE_SECONDS", "CLIENT_STAGE_SECONDS",
+           "POLL_SECONDS", "NONCE_RE", "RUN_RE", "send"]
+
+PROTOCOL = 2
+# The time a peer has for each stage of the handshake on client 0 (a
+# legitimate client answers at once); frames are at most MAX_FRAME bytes.
+STAGE_SECONDS = 2.0
+# How long a client waits for client 0's answer at each stage.
+CLIENT_STAGE_SECONDS = 10.0
+POLL_SECONDS = 0.05
+NONCE_RE = re.compile(r"[0-9a-f]{64}")
+RUN_RE = re.compile(r"[0-9a-f]{0,32}")
+
+
+def run_id(secret: str | None) -> str:
+  """The run's name, derived from its secret ('' without one)."""
+  if not secret:
+    return ""
+  return hashlib.sha256(b"jdtensor run id|" + secret.encode()).hexdigest()[:12]
+
+
+def jobs_digest(jobs: Sequence[str]) -> str:
+  """What clients compare instead of sending ``DTENSOR_JOBS`` itself."""
+  return hashlib.sha256(",".join(jobs).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Hello:
+  """What each client tells client 0 (once both are authenticated).
+
+  Attributes:
+    client_id, num_clients: This client and the cluster size.
+    jobs: ``DTENSOR_JOBS`` (only its digest is sent).
+    local_devices: This client's device count.
+    heartbeat: ``DTENSOR_ENABLE_HEARTBEAT``.
+    settings: Settings every client must share, by variable name (heartbeat
+      period and policy, time-outs, ``DTENSOR_JOB_NAME``).
+  """
+  client_id: int
+  num_clients: int
+  jobs: tuple[str, ...]
+  local_devices: int
+  heartbeat: bool = True
+  settings: tuple[tuple[str, object], ...] = ()
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"jdtensor": PROTOCOL, "client_id": self.client_id,
+            "num_clients": self.num_clients, "jobs": jobs_digest(self.jobs),
+            "num_jobs": len(self.jobs), "local_devices": self.local_devices,
+            "heartbeat": self.heartbeat, "settings": dict(self.settings)}
+
+
+@dataclass(frozen=True)
+class PeerHello:
+  """A hello as received: checked field by field, nothing trusted."""
+  client_id: int
+  num_clients: int
+  jobs: str
+  num_jobs: int
+  local_devices: int
+  heartbeat: bool
+  settings: dict[str, object]
+
+  @classmethod
+  def parse(cls, frame: dict[str, Any]) -> PeerHello:
+    """Raises ValueError naming the first field that is wrong."""
+    def integer(name: str, low: int, high: int) -> int:
+      value = frame.get(name)
+      if type(value) is not int or not low <= value <= high:  # pylint: disable=unidiomatic-typecheck
+        raise ValueError(f"field {name!r} is not an integer in {low}..{high}")
+      return value
+    if frame.get("jdtensor") != PROTOCOL:
+      raise ValueError("not a jdtensor hello of this version")
+    jobs = frame.get("jobs")
+    if not isinstance(jobs, str) or not re.fullmatch(r"[0-9a-f]{64}", jobs):
+      raise ValueError("field 'jobs' is not a digest")
+    heartbeat = frame.get("heartbeat")
+    settings = frame.get("settings")
+    if not isinstance(heartbeat, bool):
+      raise ValueError("field 'heartbeat' is not a boolean")
+    if not (isinstance(settings, dict) and len(settings) <= 64 and all(
+        isinstance(k, str) and len(k) <= 64 and
+        isinstance(v, (str, int, float, bool)) and len(str(v)) <= 256
+        for k, v in settings.items())):
+      raise ValueError("field 'settings' is malformed")
+    return cls(integer("client_id", 0, 10**9), integer("num_clients", 1, 10**9),
+               jobs, integer("num_jobs", 0, 10**9),
+               integer("local_devices", 0, 10**9), heartbeat, settings)
+
+
+def bind_address(coordinator: str, host: str | None, port: int | None
+                 ) -> tuple[str, int]:
+  """Where client 0 binds the coordinator: `coordinator`'s host and port,
+  unless `host` or `port` (parsed from ``JDTENSOR_COORDINATOR_BIND_ADDRESS``)
+  say otherwise. ``localhost`` binds to loopback (127.0.0.1)."""
+  default_host, default_port = split_host_port(coordinator)
+  if host is None:
+    host = "127.0.0.1" if default_host == "localhost" else default_host
+  return host, default_port if port is None else port
+
+
+def reserve_port(host: str) -> socket.socket:
+  """Reserves a free TCP port on `host` for a gRPC server to bind later.
+
+  The socket is bound with SO_REUSEPORT but not listening: nobody can connect
+  to it, and gRPC (which sets SO_REUSEPORT) can bind the same port while it is
+  held, so no other process can take the port in between (a gRPC server that
+  finds its port taken crashes the process). Close it once the server runs.
+  """
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  sock = socket.socket(family, socket.SOCK_STREAM)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+  sock.bind((host, 0))
+  return sock
+
+
+@dataclass
+class Meeting:
+  """What the rendezvous leaves behind.
+
+  Attributes:
+    links: The connections, kept open as liveness links (see `Links`).
+    heartbeat_port: The port of the heartbeat's private coordination service,
+      on client 0's coordinator host (reserved by client 0).
+    heartbeat_socket: Client 0 only: the socket holding that port until the
+      service binds it (see `reserve_port`).
+  """
+  links: Links
+  heartbeat_port: int
+  heartbeat_socket: socket.socket | None = None
+
+
+def send(sock: socket.socket, frame: dict[str, Any]) -> bool:
+  """Sends one frame; False if the peer is gone."""
+  try:
+    sock.setblocking(True)
+    sock.settimeout(STAGE_SECONDS)
+    sock.sendall(encode(frame))
+    return True
+  except OSError:
+    return False
+  finally:
+    try:
+      sock.setblocking(False)
+    except OSError:
+      pass

@@ -1,0 +1,296 @@
+"""Client 0's side of the start-up handshake: it serves every connection at
+once, checks each client's hello, reserves the heartbeat's port and answers.
+
+PURE: standard library only. See `jdtensor.runtime.rendezvous` for the
+protocol and why a bad peer cannot break it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hmac
+import os
+import selectors
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jdtensor import _logging as logging
+from jdtensor._wire import MAX_FRAME, Frames, format_host_port, handshake_proof
+from jdtensor.errors import StartupError, StartupTimeoutError
+from jdtensor.runtime.handshake import (NONCE_RE, PROTOCOL, RUN_RE, STAGE_SECONDS,
+                                        Hello, Meeting, PeerHello, jobs_digest,
+                                        reserve_port, run_id, send)
+from jdtensor.runtime.links import Links
+
+__all__ = ["serve"]
+
+
+def _listen(host: str, port: int, coordinator: str) -> socket.socket:
+  try:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+  except socket.gaierror as e:
+    raise StartupError(
+        f"Client 0 cannot start the coordinator: the host of DTENSOR_JOBS[0]="
+        f"{coordinator!r} ({host!r}) does not resolve ({e}). Fix DTENSOR_JOBS.") from None
+  family, _, _, _, sockaddr = infos[0]
+  sock = socket.socket(family, socket.SOCK_STREAM)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  try:
+    sock.bind(sockaddr)
+  except OSError as e:
+    sock.close()
+    if e.errno == errno.EADDRINUSE:
+      why = ("is already in use by another process; stop it, or choose a free "
+             "port for DTENSOR_JOBS[0] (`jdtensor launch` picks free ports)")
+    elif e.errno == errno.EADDRNOTAVAIL:
+      why = ("is not an address of this machine; run client 0 on the host "
+             "named by DTENSOR_JOBS[0], or set JDTENSOR_COORDINATOR_BIND_ADDRESS")
+    else:
+      why = f"cannot be bound ({e.strerror})"
+    raise StartupError(
+        f"Client 0 cannot start the coordinator for DTENSOR_JOBS[0]="
+        f"{coordinator!r}: {format_host_port(host, port)} {why}.") from None
+  sock.listen(128)
+  sock.setblocking(False)
+  return sock
+
+
+@dataclass(eq=False)
+class _Conn:
+  """One connection to client 0 during the handshake."""
+  sock: socket.socket
+  peer: str
+  nonce: str
+  deadline: float
+  stage: str = "auth"  # auth -> hello -> done
+  frames: Frames = field(default_factory=Frames)
+  authenticated: bool = False
+  hello: PeerHello | None = None
+
+
+class _Server:
+  """Client 0's side: serves every connection at once, refuses bad peers."""
+
+  def __init__(self, me: Hello, secret: str | None, coordinator: str,
+               listener: socket.socket):
+    self.me = me
+    self.secret = secret
+    self.run = run_id(secret)
+    self.coordinator = coordinator
+    self.listener = listener
+    self.selector = selectors.DefaultSelector()
+    self.selector.register(listener, selectors.EVENT_READ)
+    self.conns: dict[socket.socket, _Conn] = {}
+    self.peers: dict[int, _Conn] = {}
+    self.problem = ""
+
+  def _refuse(self, conn: _Conn, reason: str, told: str | None = None) -> None:
+    """Drops a connection, with one log line here and `told` to the peer."""
+    logging.warning("jdtensor: client 0 refused a start-up connection from %s: %s",
+                    conn.peer, reason)
+    if told is not None:
+      send(conn.sock, {"error": told})
+    self._close(conn)
+
+  def _close(self, conn: _Conn) -> None:
+    self.conns.pop(conn.sock, None)
+    try:
+      self.selector.unregister(conn.sock)
+    except (KeyError, ValueError):
+      pass
+    conn.sock.close()
+
+  def _accept(self) -> None:
+    try:
+      sock, addr = self.listener.accept()
+    except OSError:
+      return
+    sock.setblocking(False)
+    peer = format_host_port(str(addr[0]), int(addr[1])) if isinstance(addr, tuple) else "?"
+    conn = _Conn(sock, peer, os.urandom(32).hex(),
+                 time.monotonic() + STAGE_SECONDS)
+    self.conns[sock] = conn
+    self.selector.register(sock, selectors.EVENT_READ)
+    if not send(sock, {"jdtensor": PROTOCOL, "nonce": conn.nonce,
+                        "run": self.run, "auth": bool(self.secret)}):
+      self._close(conn)
+
+  def _read(self, conn: _Conn) -> None:
+    try:
+      data = conn.sock.recv(MAX_FRAME)
+    except (BlockingIOError, InterruptedError):
+      return
+    except OSError:
+      data = b""
+    if not data:
+      self._refuse(conn, f"it closed the connection during the {conn.stage} stage")
+      return
+    try:
+      frames = conn.frames.feed(data)
+    except ValueError as e:
+      self._refuse(conn, f"it sent {e}", told="malformed handshake")
+      return
+    for frame in frames:
+      if conn.sock not in self.conns:
+        return
+      if conn.stage == "auth":
+        self._authenticate(conn, frame)
+      elif conn.stage == "hello":
+        self._hello(conn, frame)
+
+  def _authenticate(self, conn: _Conn, frame: dict[str, Any]) -> None:
+    run, nonce, proof = frame.get("run"), frame.get("nonce"), frame.get("proof")
+    if (frame.get("jdtensor") != PROTOCOL or not isinstance(run, str)
+        or not RUN_RE.fullmatch(run) or not isinstance(nonce, str)
+        or not NONCE_RE.fullmatch(nonce) or not isinstance(proof, str)
+        or len(proof) > 64):
+      self._refuse(conn, "it sent a malformed authentication",
+                   told="malformed handshake")
+      return
+    if run != self.run:
+      self._refuse(conn, f"a client of another run (run id {run or 'none'}) "
+                   "connected; refused",
+                   told=f"this is client 0 of another run (run id "
+                   f"{self.run or 'none'}; this client's is {run or 'none'}): the "
+                   "runs share an address. Give each run its own DTENSOR_JOBS "
+                   "ports and JDTENSOR_RUN_SECRET.")
+      return
+    expected = handshake_proof(self.secret, "client", conn.nonce, nonce, run)
+    if not hmac.compare_digest(proof, expected):
+      self._refuse(conn, "it did not prove it knows JDTENSOR_RUN_SECRET; "
+                   "refused", told="authentication failed")
+      return
+    conn.authenticated = bool(self.secret)
+    conn.stage = "hello"
+    conn.deadline = time.monotonic() + STAGE_SECONDS
+    if not send(conn.sock, {"proof": handshake_proof(self.secret, "server", nonce,
+                                             conn.nonce)}):
+      self._close(conn)
+
+  def _hello(self, conn: _Conn, frame: dict[str, Any]) -> None:
+    try:
+      hello = PeerHello.parse(frame)
+    except ValueError as e:
+      self._refuse(conn, f"it sent a malformed hello ({e})",
+                   told="malformed hello")
+      return
+    detail, told = _check(self.me, hello, self.peers, conn.authenticated)
+    if detail:
+      logging.warning("jdtensor: client 0: %s", detail)
+      self.problem = self.problem or detail
+      send(conn.sock, {"error": told})
+      self._close(conn)
+      return
+    conn.hello, conn.stage = hello, "done"
+    self.peers[hello.client_id] = conn
+
+  def _expire(self) -> None:
+    now = time.monotonic()
+    for conn in list(self.conns.values()):
+      if conn.stage != "done" and now > conn.deadline:
+        self._refuse(conn, f"it sent nothing valid within {STAGE_SECONDS:g} s "
+                     f"(the {conn.stage} stage)", told="too slow; try again")
+
+  def serve(self, timeout: float, deadline: float) -> dict[int, socket.socket]:
+    """Waits for every client; their connections, or raises."""
+    while len(self.peers) < self.me.num_clients - 1 and not self.problem:
+      remaining = deadline - time.monotonic()
+      if remaining <= 0:
+        missing = [i for i in range(1, self.me.num_clients) if i not in self.peers]
+        raise StartupTimeoutError(
+            f"Client 0 waited {timeout:g} s (the init timeout) at the "
+            f"coordinator DTENSOR_JOBS[0]={self.coordinator!r} for client(s) "
+            f"{', '.join(map(str, missing))}, which never connected. Start "
+            "every client with the same DTENSOR_JOBS and its own "
+            "DTENSOR_CLIENT_ID, or raise the init timeout "
+            "(JDTENSOR_INIT_TIMEOUT).")
+      for key, _ in self.selector.select(min(remaining, 0.2)):
+        if key.fileobj is self.listener:
+          self._accept()
+        else:
+          conn = self.conns.get(key.fileobj)  # type: ignore[arg-type]
+          if conn is not None:
+            self._read(conn)
+      self._expire()
+    return {c: conn.sock for c, conn in self.peers.items()}
+
+  def close(self, keep: Sequence[socket.socket] = ()) -> None:
+    for conn in list(self.conns.values()):
+      if conn.sock not in keep:
+        self._close(conn)
+    self.selector.close()
+    self.listener.close()
+
+
+def _check(me: Hello, hello: PeerHello, peers: dict[int, _Conn],
+           authenticated: bool) -> tuple[str, str]:
+  """('', '') if `hello` agrees with client 0; else (what client 0 logs,
+  what the peer is told: client 0's values only if it authenticated)."""
+  c = hello.client_id
+  if hello.num_clients != me.num_clients or hello.jobs != jobs_digest(me.jobs):
+    mine = f" ({','.join(me.jobs)!r})" if authenticated else ""
+    detail = (f"Client {c} has a DTENSOR_JOBS ({hello.num_jobs} entries) that "
+              f"differs from client 0's ({len(me.jobs)} entries: "
+              f"{','.join(me.jobs)!r}); every client needs the same DTENSOR_JOBS.")
+    return detail, (f"Client {c} has a DTENSOR_JOBS that differs from client "
+                    f"0's{mine}; every client needs the same DTENSOR_JOBS.")
+  if c == 0 or c >= me.num_clients or c in peers:
+    text = (f"Two processes claim DTENSOR_CLIENT_ID={c}; give each of the "
+            f"{me.num_clients} clients its own id 0..{me.num_clients - 1}.")
+    return text, text
+  if hello.heartbeat != me.heartbeat:
+    text = (f"Client {c} has the heartbeat {'on' if hello.heartbeat else 'off'} "
+            f"but client 0 has it {'on' if me.heartbeat else 'off'}; set "
+            "DTENSOR_ENABLE_HEARTBEAT the same on every client.")
+    return text, text
+  theirs, mine = hello.settings, dict(me.settings)
+  for name in sorted(set(theirs) | set(mine)):
+    if theirs.get(name) != mine.get(name):
+      detail = (f"Client {c} has {name}={theirs.get(name)!r} but client 0 has "
+                f"{mine.get(name)!r}; set {name} the same on every client.")
+      told = detail if authenticated else (
+          f"Client {c} has {name}={theirs.get(name)!r}, which differs from "
+          f"client 0's; set {name} the same on every client.")
+      return detail, told
+  if hello.local_devices != me.local_devices:
+    detail = (f"Client {c} has {hello.local_devices} local devices but client 0 "
+              f"has {me.local_devices}; DTensor meshes need the same number of "
+              "devices on every client.")
+    told = detail if authenticated else (
+        f"Client {c} has {hello.local_devices} local devices, which differs "
+        "from client 0's; DTensor meshes need the same number on every client.")
+    return detail, told
+  return "", ""
+
+
+def serve(me: Hello, secret: str | None, host: str, port: int, coordinator: str,
+           timeout: float, deadline: float) -> Meeting:
+  server = _Server(me, secret, coordinator, _listen(host, port, coordinator))
+  links: dict[int, socket.socket] = {}
+  reserved: socket.socket | None = None
+  handed_over = False
+  try:
+    links = server.serve(timeout, deadline)
+    # Close the listener before saying "go": from now on only JAX's
+    # coordination service can accept on this port (see wait_for_service).
+    server.listener.close()
+    if server.problem:
+      for sock in links.values():
+        send(sock, {"error": server.problem if secret else
+                     "another client's start-up failed; see client 0's output"})
+      raise StartupError(server.problem)
+    reserved = reserve_port(host)
+    go = {"go": True, "heartbeat_port": reserved.getsockname()[1]}
+    for sock in links.values():
+      send(sock, go)
+      sock.setblocking(True)
+    meeting = Meeting(Links(0, links), int(go["heartbeat_port"]), reserved)
+    handed_over = True  # The links and the reserved port live on.
+    return meeting
+  finally:
+    server.close(keep=list(links.values()) if handed_over else ())
+    if reserved is not None and not handed_over:
+      reserved.close()
