@@ -80,12 +80,15 @@ class Report:
     departure: A client that failed by itself telling when it left (its
       `why` is ``failed: <exception>`` or ``exited (code n)``), rather than
       a verdict on others.
+    leaving: The client leaves because of this verdict (its heartbeat's
+      policy is terminate): it ends by itself, the launcher need not stop it.
   """
   client: int
   culprits: tuple[int, ...]
   why: str
   at: float | None = None
   departure: bool = False
+  leaving: bool = False
 
   def write(self, directory: str) -> None:
     """Atomically, as ``client-<id>.json`` (the launcher may read at any time)."""
@@ -113,11 +116,18 @@ class Report:
         report = Report(int(data["client"]), tuple(int(c) for c in data["culprits"]),
                         str(data["why"]),
                         float(at) if isinstance(at, (int, float)) else None,
-                        bool(data.get("departure", False)))
+                        bool(data.get("departure", False)),
+                        bool(data.get("leaving", False)))
       except (OSError, ValueError, KeyError, TypeError, AttributeError):
         continue
       out[report.client] = report
     return out
+
+  @property
+  def on_its_way_out(self) -> bool:
+    """Whether the client said it is ending by itself (a departure, or a
+    verdict under policy terminate)."""
+    return self.departure or self.leaving
 
   @property
   def plain(self) -> str:

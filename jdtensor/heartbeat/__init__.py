@@ -96,7 +96,7 @@ def _warn_links_only(reason: str) -> None:
 
 
 def _tell_launcher(client_id: int, culprits: list[int], why: str,
-                   departure: bool = False) -> None:
+                   departure: bool = False, leaving: bool = False) -> None:
   """Writes where `jdtensor launch` reads it (``JDTENSOR_REPORT_DIR``) whom
   this client blames, or (`departure`) that it left with a failure of its
   own: the launcher's root cause is the client that failed first, and client
@@ -105,7 +105,8 @@ def _tell_launcher(client_id: int, culprits: list[int], why: str,
   if not directory:
     return
   try:
-    Report(client_id, tuple(culprits), why, time.time(), departure).write(directory)
+    Report(client_id, tuple(culprits), why, time.time(), departure,
+           leaving).write(directory)
   except OSError:
     pass  # The launcher then falls back to exit codes and times.
 
@@ -117,8 +118,8 @@ class _ClientProcess(ProcessHooks):
   def __init__(self, client_id: int):
     self.client_id = client_id
 
-  def tell_launcher(self, clients: list[int], why: str) -> None:
-    _tell_launcher(self.client_id, clients, why)
+  def tell_launcher(self, clients: list[int], why: str, leaving: bool) -> None:
+    _tell_launcher(self.client_id, clients, why, leaving=leaving)
 
   def on_failure(self, error: PeerFailureError) -> None:
     runtime.record_peer_failure(error)

@@ -85,8 +85,9 @@ class ProcessHooks:
     """Ends the process at once (policy terminate)."""
     os._exit(code)  # pylint: disable=protected-access
 
-  def tell_launcher(self, clients: list[int], why: str) -> None:
-    """Tells the launcher whom this client blames (``JDTENSOR_REPORT_DIR``)."""
+  def tell_launcher(self, clients: list[int], why: str, leaving: bool) -> None:
+    """Tells the launcher whom this client blames (``JDTENSOR_REPORT_DIR``),
+    and whether it is leaving because of it (policy terminate)."""
 
   def on_failure(self, error: PeerFailureError) -> None:
     """Receives the failure under policy raise."""

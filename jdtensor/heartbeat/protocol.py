@@ -539,11 +539,14 @@ class Heartbeat:
       error = PeerFailureError(message, tuple(ids))
       self.failure = error
     culprits = [c for c in error.client_ids if c != self.client_id]
+    # Under "terminate" this client leaves at once: the launcher waits for it
+    # to end by itself rather than stopping it.
+    leaving = self.policy == "terminate" and self.exiting is None
     if culprits:
       self._announce(culprits, core)
-      self._report(culprits, core)
+      self._report(culprits, core, leaving)
     elif own:
-      self._report([self.client_id], public or core)
+      self._report([self.client_id], public or core, leaving)
       if public is not None:
         self._announce([self.client_id], public)
     if self.policy == "terminate" and self.exiting is None:

@@ -39,6 +39,8 @@ _POLL_SECONDS = 0.05
 _MAX_ARG_STRLEN = 128 * 1024
 _MAX_ARGS_ENV = 2 * 1024 * 1024
 _STACK_DUMP_SECONDS = 2.0
+# How long, after a client failed, its peers' reports may take to arrive.
+_REPORT_SECONDS = 0.5
 
 
 class _Supervisor:
@@ -135,17 +137,22 @@ class _Supervisor:
   def _settle(self, codes: list[int | None]) -> list[int | None]:
     """Before stopping everyone, waits briefly (at most 3 s) for clients that
     are ending by themselves to end with their own code: one that reported
-    its own failure and is on its way out (client 0 leaves last), and, while
-    only consequences (75) have failed, the root cause."""
-    deadline = time.monotonic() + min(self.spec.grace, 3.0)
+    its own failure, or a verdict it leaves on (policy terminate), and is on
+    its way out (client 0 leaves last); while only consequences (75) have
+    failed, the root cause. The clients' reports get a moment
+    (`_REPORT_SECONDS`) to arrive: a survivor's heartbeat names a killed
+    client within milliseconds, but the launcher may see the death first."""
+    start = time.monotonic()
+    deadline = start + min(self.spec.grace, 3.0)
+    first_look = start + min(self.spec.grace, _REPORT_SECONDS)
     while time.monotonic() < deadline:
       if all(c is not None for c in codes):
         break
       reports = self.reports()
-      leaving = [i for i, c in enumerate(codes) if c is None
-                 and self.ids[i] in reports and reports[self.ids[i]].departure]
+      leaving = [i for i, c in enumerate(codes) if c is None and self.ids[i] in reports
+                 and reports[self.ids[i]].on_its_way_out]
       cause_missing = all(c in (None, 0, PEER_FAILURE_EXIT_CODE) for c in codes)
-      if not leaving and not cause_missing:
+      if not leaving and not cause_missing and time.monotonic() >= first_look:
         break
       time.sleep(_POLL_SECONDS)
       codes = self._poll()

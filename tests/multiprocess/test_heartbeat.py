@@ -89,7 +89,11 @@ def test_launcher_reports_the_killed_client(monkeypatch):
   for c in (0, 2):
     assert f"[client {c}] heartbeat: client 1 missed beat" in text, text
   assert res.returncodes[0] == res.returncodes[2] == heartbeat.EXIT_CODE, text
-  assert "stopped clients" not in res.reason, res.reason  # Nobody needed the stop.
+  # Nobody needed the launcher's stop: both ended by themselves, with 75.
+  head, _, also = res.reason.partition("; stopped clients none (also: ")
+  assert head == "jdtensor launch: client 1 was killed by SIGKILL", res.reason
+  assert sorted(also.rstrip(")").split(", ")) == [
+      "client 0 exited with code 75", "client 2 exited with code 75"], res.reason
 
 
 def test_out_of_sync_token_is_detected():

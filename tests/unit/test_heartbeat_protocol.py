@@ -127,13 +127,15 @@ class Hooks(ProcessHooks):
   def __init__(self, exits=None, reported=None, now=None):
     self.exits = exits if exits is not None else []
     self.reported = reported if reported is not None else []
+    self.leaving = []
     self.now = now
 
   def terminate(self, code):
     self.exits.append(code)
 
-  def tell_launcher(self, clients, why):
+  def tell_launcher(self, clients, why, leaving):
     self.reported.append((clients, why))
+    self.leaving.append(leaving)
 
   def cpu_seconds(self):
     return 0.0
@@ -310,6 +312,18 @@ def test_a_client_named_by_a_peer_is_the_root_cause():
       "client 0); stopping this client")
   assert reported == [([1], "heartbeat: client 1 missed beat 5 (last seen 3.2 s "
                        "ago) (reported by client 0)")]
+
+
+@pytest.mark.parametrize("policy,leaving", [("terminate", True), ("raise", False),
+                                            ("log", False)])
+def test_the_launcher_is_told_whether_the_client_leaves_by_itself(policy, leaving):
+  """Under "terminate" a verdict ends the client at once: the launcher then
+  waits for it instead of counting it among the clients its stop ended."""
+  hooks = Hooks()
+  hb = beat(1, policy, 0, 3, process=hooks)
+  hb.peer_died(2, "its process ended without saying goodbye")
+  assert [clients for clients, _ in hooks.reported] == [[2]]
+  assert hooks.leaving == [leaving]
 
 
 def judge(n, states, period=1.0, stall=300.0, kill_all=False, me=0, joined=None):
