@@ -25,7 +25,7 @@ import re  # noqa: E402
 import subprocess  # noqa: E402
 
 from benchmarks import (bench_api, bench_heartbeat, bench_ring, bench_startup,
-                        bench_testing, bench_verdicts)  # noqa: E402
+                        bench_startup_cpu, bench_testing, bench_verdicts)  # noqa: E402
 from benchmarks._timing import machine  # noqa: E402
 
 
@@ -47,6 +47,11 @@ SECTIONS = {  # key -> (title, intro)
                 "`python benchmarks/bench_startup.py`. Targets: cold start within "
                 "15% of raw JAX and at least 3x faster than TF DTensor; "
                 "dead-client detection within 5 s."),
+    "startup_cpu": ("Start-up CPU by phase",
+                    "`python benchmarks/bench_startup_cpu.py`: where a client's "
+                    "start-up CPU goes (imports, init, mesh + first psum, exit), "
+                    "jdtensor with and without its heartbeat against raw JAX, "
+                    "clients started by hand (issue #23, step 1)."),
     "ring": ("TPU ring orders and mesh strings at scale",
              "`jdtensor.tpu.ring_order` vs DTensor's pure-Python ring algorithm "
              "(same results asserted before timing), interleaved in one process."),
@@ -106,6 +111,7 @@ def main(argv=None) -> int:
       ["--skip-raw-detection"] if args.skip_raw_detection else [])
   runners = {
       "startup": lambda: bench_startup.main(startup_args),
+      "startup_cpu": lambda: bench_startup_cpu.main(["--repeats", str(min(args.repeats, 3))]),
       "ring": lambda: bench_ring.main(["--repeats", str(args.repeats)]),
       "heartbeat": lambda: bench_heartbeat.main(["--repeats", str(args.repeats)]),
       "api": lambda: bench_api.main(["--repeats", str(args.repeats)]),

@@ -1,0 +1,54 @@
+"""One client of `bench_startup_cpu.py`: the same start-up written with jdtensor
+or with raw JAX, printing this process's CPU time at each phase's end.
+
+    python benchmarks/_phases_client.py raw|jdtensor
+
+Phases: ``imports`` (jax, numpy, and jdtensor for jdtensor), ``init``
+(``jax.distributed.initialize`` / ``initialize_accelerator_system``), ``first``
+(a mesh over every client's devices and one cross-client psum). The exit path
+is what the parent measures after the last mark (the process's whole CPU time
+from `os.wait4`, minus ``first``).
+"""
+
+import os
+import sys
+import time
+
+
+def mark(phase: str) -> None:
+  # CPU time of every thread of this process so far.
+  print(f"PHASE {phase} {time.process_time():.4f}", flush=True)
+
+
+def main(mode: str) -> None:
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  if mode == "jdtensor":
+    import jdtensor
+  mark("imports")
+  if mode == "jdtensor":
+    jdtensor.initialize_accelerator_system("CPU")
+    mesh = jdtensor.create_distributed_mesh([("x", jdtensor.num_global_devices("CPU"))])
+    jax_mesh = mesh.jax_mesh
+  else:
+    jobs = os.environ["DTENSOR_JOBS"].split(",")
+    jax.config.update("jax_num_cpu_devices", int(os.environ["JAX_NUM_CPU_DEVICES"]))
+    jax.distributed.initialize(coordinator_address=jobs[0], num_processes=len(jobs),
+                               process_id=int(os.environ["DTENSOR_CLIENT_ID"]))
+    jax_mesh = None
+  mark("init")
+  if jax_mesh is None:
+    jax_mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+  n = jax_mesh.size
+  x = jax.make_array_from_callback((n,), NamedSharding(jax_mesh, P("x")),
+                                   lambda idx: np.ones(n, np.float32)[idx])
+  total = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b, "x"), mesh=jax_mesh,
+                                in_specs=P("x"), out_specs=P()))(x)
+  assert float(np.asarray(total.addressable_data(0))[0]) == n
+  mark("first")
+
+
+if __name__ == "__main__":
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  main(sys.argv[1])

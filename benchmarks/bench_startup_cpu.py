@@ -1,0 +1,186 @@
+"""Where a client's start-up CPU goes, phase by phase, jdtensor vs raw JAX.
+
+    python benchmarks/bench_startup_cpu.py [--repeats N] [--shapes 4x2,8x1,16x1]
+
+Each contender starts N clients by hand (no launcher: the same for all), each
+doing the same work (`_phases_client.py`: imports, initialisation, a mesh and
+one cross-client psum, then a normal exit). Per client: CPU time (user +
+system, every thread) at each phase's end, read by the client, and the whole
+process's CPU from `os.wait4` (the exit path is the difference). Contenders:
+raw JAX, jdtensor with its heartbeat (the default), jdtensor without it
+(``DTENSOR_ENABLE_HEARTBEAT=false``: the heartbeat's share), and jdtensor with
+its bytecode cached. Where ``PYTHONDONTWRITEBYTECODE`` is set (as on this
+machine) and jdtensor is an editable install, every client compiles
+jdtensor's sources again, while JAX's modules load from the ``.pyc`` files
+its wheel installed: the last contender runs as an installed wheel would (a
+``PYTHONPYCACHEPREFIX`` warmed once). Rounds are interleaved; figures are
+medians over rounds of the mean per client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLIENT = os.path.join(ROOT, "benchmarks", "_phases_client.py")
+PHASES = ("imports", "init", "first", "exit")
+# A bytecode cache as an installed wheel has (filled by `_warm_bytecode`).
+_PYCACHE = tempfile.mkdtemp(prefix="jdtensor-bench-pyc-")
+_CACHED = {"PYTHONPYCACHEPREFIX": _PYCACHE, "PYTHONDONTWRITEBYTECODE": ""}
+CONTENDERS = {"raw JAX": ("raw", {}), "jdtensor": ("jdtensor", {}),
+              "jdtensor, heartbeat off": ("jdtensor", {"DTENSOR_ENABLE_HEARTBEAT": "false"}),
+              "jdtensor, bytecode cached": ("jdtensor", _CACHED)}
+
+
+def free_ports(n: int) -> list[int]:
+  socks = [socket.socket() for _ in range(n)]
+  for s in socks:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in socks]
+  for s in socks:
+    s.close()
+  return ports
+
+
+def one_run(mode: str, extra: dict[str, str], clients: int, devices: int,
+            timeout: float = 300.0) -> list[dict[str, float]]:
+  """Per client: CPU seconds spent in each phase, and in all."""
+  jobs = ",".join(f"localhost:{p}" for p in free_ports(clients))
+  base = {k: v for k, v in os.environ.items() if not k.startswith(("DTENSOR_", "JDTENSOR_"))}
+  base.pop("XLA_FLAGS", None)
+  procs = []
+  for c in range(clients):
+    env = {**base, "DTENSOR_JOBS": jobs, "DTENSOR_CLIENT_ID": str(c),
+           "JAX_NUM_CPU_DEVICES": str(devices), "JAX_PLATFORMS": "cpu",
+           "JDTENSOR_RUN_SECRET": "bench-startup-cpu-" + jobs[-12:] + "x" * 8,
+           "PYTHONPATH": ROOT, **extra}
+    if env.get("PYTHONDONTWRITEBYTECODE") == "":
+      del env["PYTHONDONTWRITEBYTECODE"]  # Python reads any value as "set".
+    procs.append(subprocess.Popen([sys.executable, CLIENT, mode], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True))
+  deadline = time.monotonic() + timeout
+  out = []
+  for proc in procs:
+    while proc.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.01)
+    if proc.poll() is None:
+      for p in procs:
+        p.kill()
+      raise RuntimeError(f"{mode}: a client did not end within {timeout} s")
+    text = proc.stdout.read()
+    out.append((proc, text))
+  rows = []
+  for proc, text in out:
+    marks = {line.split()[1]: float(line.split()[2]) for line in text.splitlines()
+             if line.startswith("PHASE ")}
+    if proc.returncode != 0 or set(marks) != {"imports", "init", "first"}:
+      raise RuntimeError(f"{mode}: client ended with {proc.returncode}: {text[-500:]}")
+    rows.append(marks)
+  return rows
+
+
+def whole_cpu_runs(mode: str, extra: dict[str, str], clients: int, devices: int
+                   ) -> list[dict[str, float]]:
+  """`one_run`, with each client's whole CPU time taken from the kernel."""
+  before = os.times()
+  rows = one_run(mode, extra, clients, devices)
+  after = os.times()
+  # The children's CPU in all (every client, and the exit paths after the marks).
+  total = (after.children_user - before.children_user
+           + after.children_system - before.children_system)
+  per_client_exit = (total - sum(r["first"] for r in rows)) / clients
+  phases = []
+  for r in rows:
+    phases.append({"imports": r["imports"], "init": r["init"] - r["imports"],
+                   "first": r["first"] - r["init"], "exit": per_client_exit})
+  return phases
+
+
+_IMPORT_PROBE = """
+import time, jax, numpy
+start = time.process_time()
+import jdtensor
+from jdtensor import accelerator, heartbeat, mesh_util, api
+from jdtensor.runtime import jax_private
+print(time.process_time() - start)
+"""
+
+
+def jdtensor_import_cpu(repeats: int, cached: bool = False) -> float:
+  """CPU seconds a fresh process spends importing the jdtensor modules that
+  `initialize_accelerator_system` pulls in, once jax is imported (median);
+  `cached`: from the bytecode cache."""
+  env = {**os.environ, "PYTHONPATH": ROOT, **(_CACHED if cached else {})}
+  if cached:
+    del env["PYTHONDONTWRITEBYTECODE"]
+  times = [float(subprocess.run([sys.executable, "-c", _IMPORT_PROBE], env=env,
+                                capture_output=True, text=True, check=True,
+                                timeout=120).stdout) for _ in range(repeats)]
+  return statistics.median(times)
+
+
+def main(argv=None) -> str:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--shapes", default="4x2,8x1,16x1")
+  args = parser.parse_args(argv)
+  shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+  results: dict[tuple[str, tuple[int, int]], list[dict[str, float]]] = {}
+  # Fills the bytecode cache with every module a client imports (jax's too:
+  # the prefix is where Python looks for all of them).
+  whole_cpu_runs("jdtensor", _CACHED, 2, 1)
+  jdtensor_import_cpu(1, cached=True)
+  for _ in range(args.repeats):
+    for shape in shapes:
+      for name, (mode, extra) in CONTENDERS.items():
+        runs = whole_cpu_runs(mode, extra, *shape)
+        mean = {p: statistics.mean(r[p] for r in runs) for p in PHASES}
+        results.setdefault((name, shape), []).append(mean)
+  lines = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores, Python "
+           f"{sys.version.split()[0]}", "",
+           "CPU seconds per client, by phase (median over rounds of the mean per "
+           "client); the whole against raw JAX's:", "",
+           "| clients x devices | contender | imports | init | mesh + first psum | "
+           "exit | whole | vs raw JAX |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
+  extra_cpu = []
+  for shape in shapes:
+    medians = {}
+    for name in CONTENDERS:
+      medians[name] = {p: statistics.median(m[p] for m in results[(name, shape)])
+                       for p in PHASES}
+    raw_whole = sum(medians["raw JAX"].values())
+    for name, med in medians.items():
+      whole = sum(med.values())
+      lines.append(f"| {shape[0]} x {shape[1]} | {name} | {med['imports']:.3f} | "
+                   f"{med['init']:.3f} | {med['first']:.3f} | {med['exit']:.3f} | "
+                   f"{whole:.3f} | {whole / raw_whole:.2f}x |")
+    jd, raw = medians["jdtensor"], medians["raw JAX"]
+    extra_cpu.append((shape, jd["init"] + jd["first"] - raw["init"] - raw["first"],
+                      jd["exit"] - raw["exit"]))
+  lines += ["", "Where jdtensor's extra CPU per client is: init + first psum "
+            "(raw JAX starts its backend lazily, in the first psum; jdtensor in "
+            "its init) and the exit path, against raw JAX:", ""]
+  lines += [f"* {s[0]} x {s[1]}: start-up {start:+.3f} s, exit {end:+.3f} s"
+            for s, start, end in extra_cpu]
+  lines += ["", f"Of the start-up's extra, importing the jdtensor modules that "
+            f"`initialize_accelerator_system` pulls in costs "
+            f"{jdtensor_import_cpu(args.repeats):.3f} s of CPU compiled from source "
+            f"(this machine sets PYTHONDONTWRITEBYTECODE), "
+            f"{jdtensor_import_cpu(args.repeats, cached=True):.3f} s from cached "
+            "bytecode (median, a fresh process, jax already imported)."]
+  report = "\n".join(lines)
+  print(report)
+  return report
+
+
+if __name__ == "__main__":
+  main()
