@@ -31,8 +31,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIENT = os.path.join(ROOT, "benchmarks", "_phases_client.py")
 PHASES = ("imports", "init", "first", "exit")
-# A bytecode cache as an installed wheel has (filled by `_warm_bytecode`).
-_PYCACHE = tempfile.mkdtemp(prefix="jdtensor-bench-pyc-")
+# A bytecode cache as an installed wheel has, filled by `main`'s warm-up run;
+# one fixed directory reused across runs (Python revalidates each entry
+# against its source), so importing this module creates nothing.
+_PYCACHE = os.path.join(tempfile.gettempdir(), "jdtensor-bench-pyc")
 _CACHED = {"PYTHONPYCACHEPREFIX": _PYCACHE, "PYTHONDONTWRITEBYTECODE": ""}
 CONTENDERS = {"raw JAX": ("raw", {}), "jdtensor": ("jdtensor", {}),
               "jdtensor, heartbeat off": ("jdtensor", {"DTENSOR_ENABLE_HEARTBEAT": "false"}),
