@@ -365,9 +365,13 @@ class Heartbeat:
             and seconds[c] >= self.exit_grace]
     stuck_for_them = [c for c in blocked if seconds[c] >= self.exit_grace]
     if gone and stuck_for_them:
+      # One idle waiter proves the early exit; the message names every client
+      # waiting in a collective, busy or not (a busy waiter, e.g. client 0
+      # serving the coordination service, waits for it just the same).
+      waiting = [c for c in range(n) if phases[c] == WAITING]
       self._fail(f"heartbeat: {_names(gone)} exited (code 0) while the others "
-                 f"were still running ({_names(stuck_for_them)} "
-                 f"{'wait' if len(stuck_for_them) > 1 else 'waits'} in a "
+                 f"were still running ({_names(waiting)} "
+                 f"{'wait' if len(waiting) > 1 else 'waits'} in a "
                  "collective)", gone)
       return
     limit = self.stall_timeout

@@ -419,9 +419,15 @@ def test_every_client_waiting_logs_its_stack_and_fails_only_when_asked(caplog):
   assert failure.client_ids == (0, 1)
 
 
-def test_a_client_at_exit_while_the_others_wait_left_early():
-  failure = judge(4, [(WAITING, 4, 1), (AT_EXIT, 3, 0), (WAITING, 4, 0),
-                      (WAITING, 5, 3)], period=1.0)
+@pytest.mark.parametrize("states", [
+    [(WAITING, 4, 1), (AT_EXIT, 3, 0), (WAITING, 4, 0), (WAITING, 5, 3)],
+    # Client 0 busy (serving the coordination service) or just arrived: it
+    # still waits for client 1, and is named with the others.
+    [(WAITING, 4, 60), (AT_EXIT, 3, 0), (WAITING, 4, 0), (WAITING, 5, 3)],
+    [(WAITING, 1, 0), (AT_EXIT, 3, 0), (WAITING, 4, 0), (WAITING, 5, 3)],
+], ids=["all-idle", "one-busy", "one-just-arrived"])
+def test_a_client_at_exit_while_the_others_wait_left_early(states):
+  failure = judge(4, states, period=1.0)
   assert str(failure) == (
       "heartbeat: client 1 exited (code 0) while the others were still running "
       "(clients 0, 2, 3 wait in a collective); carrying on (policy 'log')")
