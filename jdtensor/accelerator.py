@@ -36,15 +36,19 @@ Mapping of TF concepts that JAX does not have:
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jdtensor import _env, config, heartbeat, runtime
-from jdtensor import cluster as _cluster
 from jdtensor import _logging as logging
 from jdtensor._deadline import Deadline
 from jdtensor.errors import AlreadyInitializedError, ConfigError
-from jdtensor.tpu import system as tpu_system
-from jdtensor.tpu.topology import SimulatedTopology, read_simulated_topology
+
+if TYPE_CHECKING:
+  from jdtensor.tpu.topology import SimulatedTopology
+
+# Start-up imports only what a CPU or GPU client needs (every client pays for
+# each module it imports, and compiles it where no bytecode is cached): the
+# TPU modules and cluster detection are imported where they are used.
 
 __all__ = [
     "initialize_accelerator_system",
@@ -190,13 +194,17 @@ def _initialize(device_type: str | None = None,
   plan = _plan(device_type, num_logical_cpu_devices, experimental_reset_context,
                cluster, init_timeout, coordination_timeout, shutdown_timeout,
                coordinator_bind_address, cluster_detection, settings.handshake())
-  device_type = runtime.initialize(plan, tpu_setup=lambda: tpu_system.initialize(
-      plan.cluster, plan.simulated_tpu, megacore))
+  device_type = runtime.initialize(plan, tpu_setup=lambda: _tpu_setup(plan, megacore))
   if runtime.state().multi_client:
     heartbeat.install_exit_guard()
     if plan.cluster.heartbeat_enabled:
       heartbeat.start_with(settings)
   return device_type
+
+
+def _tpu_setup(plan: runtime.StartupPlan, megacore: bool) -> Any:
+  from jdtensor.tpu import system as tpu_system  # pylint: disable=g-import-not-at-top
+  return tpu_system.initialize(plan.cluster, plan.simulated_tpu, megacore)
 
 
 def _plan(device_type: Any, num_logical_cpu_devices: Any,
@@ -217,7 +225,10 @@ def _plan(device_type: Any, num_logical_cpu_devices: Any,
     # os.environ: the config functions answer from the runtime's record once
     # initialised, and child processes get the exports only when asked
     # (`jdtensor env`).
-    exports = _cluster.resolve(method=cluster_detection)
+    exports = {}
+    if cluster_detection is not None or _env.detection_method() != "none":
+      from jdtensor import cluster as _cluster  # pylint: disable=g-import-not-at-top
+      exports = _cluster.resolve(method=cluster_detection)
     if exports:
       logging.info("jdtensor: cluster detected: %s", exports)
     cluster = _env.read_cluster_env(overrides=exports)
@@ -245,7 +256,10 @@ def _plan(device_type: Any, num_logical_cpu_devices: Any,
   if device_type == "CPU" and cpu_devices is not None:
     # The count the environment gives JAX must agree (the launcher's rule).
     _env.resolve_cpu_device_count(cpu_devices, "num_logical_cpu_devices")
-  simulated = read_simulated_topology() if device_type == "TPU" else None
+  simulated = None
+  if device_type == "TPU":
+    from jdtensor.tpu.topology import read_simulated_topology  # pylint: disable=g-import-not-at-top
+    simulated = read_simulated_topology()
   if simulated is not None:
     cpu_devices = _simulated_cpu_devices(simulated, cluster, cpu_devices)
   elif device_type != "CPU":

@@ -396,7 +396,7 @@ def resolve(environ: Mapping[str, str] | None = None, method: str | None = None
   """
   env = os.environ if environ is None else environ
   if method is None:
-    method = env.get(JDTENSOR_CLUSTER_DETECTION, "none").strip().lower() or "none"
+    method = _env.detection_method(env)
   found = detect(env, method)
   if found is None:
     if method not in ("none", "auto"):

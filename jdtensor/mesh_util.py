@@ -16,7 +16,6 @@ from jdtensor.runtime import interop
 from jdtensor.device_spec import DeviceSpec
 from jdtensor.errors import BarrierTimeoutError, NotInitializedError
 from jdtensor.layout import Mesh
-from jdtensor.tpu.mesh import create_tpu_mesh
 
 __all__ = ["create_mesh", "create_distributed_mesh", "barrier", "MeshDims"]
 
@@ -235,6 +234,7 @@ def create_distributed_mesh(mesh_dims: MeshDims,
                              cluster.client_id, mesh_name, use_xla_spmd)
   if device_type == "TPU":
     cluster = runtime.cluster() or _env.read_cluster_env()
+    from jdtensor.tpu.mesh import create_tpu_mesh  # pylint: disable=g-import-not-at-top
     mesh = create_tpu_mesh(dim_names, shape, mesh_name,
                            use_xla_spmd=use_xla_spmd)
     _print_context(config.num_global_devices("TPU"), cluster.num_clients,
@@ -316,6 +316,7 @@ def _create_distributed_mesh_legacy(mesh_dims: MeshDims, mesh_name: str,
       if value is not None:
         raise ValueError(_TPU_ARG_MESSAGE.format(arg=arg))
     cluster = runtime.cluster() or _env.read_cluster_env()
+    from jdtensor.tpu.mesh import create_tpu_mesh  # pylint: disable=g-import-not-at-top
     mesh = create_tpu_mesh(dim_names, shape, mesh_name)
     _print_context(config.num_global_devices("TPU"), cluster.num_clients,
                    cluster.client_id, "TPU", mesh)

@@ -51,6 +51,7 @@ from jdtensor._env.parse import (MAX_TIMEOUT, parse_host, parse_port,
                                  parse_bind_address, parse_timeout, parse_bool,
                                  parse_int, read_bool, process_environ)
 from jdtensor._env.cluster_env import (normalize_address, read_run_secret, ClusterEnv,
+                                       detection_method,
                                        parse_jobs, jobs, num_clients, client_id,
                                        job_name, read_cluster_env,
                                        read_legacy_num_clients, read_seed_job_name)
@@ -97,6 +98,7 @@ __all__ = [
     "parse_bind_address",
     "parse_timeout",
     "read_run_secret",
+    "detection_method",
     "HEARTBEAT_POLICIES",
     "HeartbeatSettings",
     "read_heartbeat_settings",

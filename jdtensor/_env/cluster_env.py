@@ -12,15 +12,22 @@ from dataclasses import dataclass
 from jdtensor._env.names import (DTENSOR_CLIENT_ID, DTENSOR_ENABLE_HEARTBEAT,
                                  DTENSOR_GPU_USE_NCCL_COMMUNICATION, DTENSOR_JOBS,
                                  DTENSOR_JOB_NAME, DTENSOR_NUM_CLIENTS,
-                                 JDTENSOR_RUN_SECRET)
+                                 JDTENSOR_CLUSTER_DETECTION, JDTENSOR_RUN_SECRET)
 from jdtensor._env.parse import (HOST_RE, PORT_RE, environ_or_default, parse_host,
                                  parse_int, read_bool)
 from jdtensor.device_spec import NAME_RE
 from jdtensor.errors import ConfigError
 
-__all__ = ["ClusterEnv", "client_id", "job_name", "jobs", "normalize_address",
+__all__ = ["ClusterEnv", "client_id", "detection_method", "job_name", "jobs", "normalize_address",
            "num_clients", "parse_jobs", "read_cluster_env", "read_legacy_num_clients",
            "read_run_secret", "read_seed_job_name"]
+
+
+def detection_method(environ: Mapping[str, str] | None = None) -> str:
+  """``JDTENSOR_CLUSTER_DETECTION``, lower-cased; ``none`` when unset or empty
+  (checked by `jdtensor.cluster.detect`)."""
+  raw = environ_or_default(environ).get(JDTENSOR_CLUSTER_DETECTION, "none")
+  return raw.strip().lower() or "none"
 
 
 def read_run_secret(environ: Mapping[str, str] | None = None) -> str | None:

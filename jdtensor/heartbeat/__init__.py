@@ -56,7 +56,6 @@ from typing import IO, Any
 
 from jdtensor import _env, runtime
 from jdtensor import _logging as logging
-from jdtensor._report import Report, mark_finished
 from jdtensor.errors import PeerFailureError
 from jdtensor.heartbeat.departure import Departure, ExitGuard
 from jdtensor.heartbeat.exchange import PrivateExchange
@@ -104,6 +103,7 @@ def _tell_launcher(client_id: int, culprits: list[int], why: str,
   directory = _env.read_report_dir()
   if not directory:
     return
+  from jdtensor._report import Report  # pylint: disable=g-import-not-at-top
   try:
     Report(client_id, tuple(culprits), why, time.time(), departure,
            leaving).write(directory)
@@ -301,6 +301,7 @@ def _leave(departure: Departure) -> bool:
     links.announce_departure(0, departure.why, False)
   directory = _env.read_report_dir()
   if directory:
+    from jdtensor._report import mark_finished  # pylint: disable=g-import-not-at-top
     mark_finished(directory, me)
   if hb is None:
     return state.peer_failure is None

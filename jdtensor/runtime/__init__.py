@@ -18,12 +18,14 @@ DTensor ids.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jdtensor import _env
 from jdtensor.runtime.state import (PLATFORMS, Runtime, RuntimeState, StartupPlan,
                                     backend_initialized, process_index)
-from jdtensor.tpu.topology import SimulatedTopology, Topology
+
+if TYPE_CHECKING:
+  from jdtensor.tpu.topology import SimulatedTopology, Topology
 
 __all__ = [
     "Runtime",

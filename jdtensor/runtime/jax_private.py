@@ -32,6 +32,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 import jax
@@ -235,6 +236,32 @@ def joined_gloo_collective(local_device_ids: set[int]) -> bool | None:
   return False
 
 
+# How long a client waits for client 0's private service to listen before it
+# connects anyway (then gRPC's own retries take over).
+_LISTEN_WAIT = 60.0
+
+
+def _wait_until_listening(host: str, port: int, limit: float) -> bool:
+  """Waits until `host:port` accepts TCP connections (at most `limit` s).
+
+  A gRPC client that connects before its server listens backs off a whole
+  second before it tries again (gRPC's initial reconnect backoff): at start-up
+  every client but 0 usually does, since client 0 starts the service on the
+  heartbeat's thread at about the time they connect. Probing first costs a
+  few milliseconds and saves that second. The reserved port refuses
+  connections until the service listens (`rendezvous.reserve_port`).
+  """
+  deadline = time.monotonic() + limit
+  while True:
+    try:
+      socket.create_connection((host, port), timeout=1.0).close()
+      return True
+    except OSError:
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(0.005)
+
+
 class PrivateRuntime:
   """A runtime JAX never sees: its own coordination service and client.
 
@@ -292,6 +319,8 @@ class PrivateRuntime:
               1, int(connect_timeout)), shutdown_timeout=shutdown)
       if service_socket is not None:
         service_socket.close()
+    else:
+      _wait_until_listening(service_host, service_port, _LISTEN_WAIT)
     self.client = f["get_distributed_runtime_client"](
         format_host_port(service_host, service_port), client_id,
         init_timeout=max(1, int(connect_timeout)), heartbeat_timeout=never,

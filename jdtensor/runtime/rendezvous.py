@@ -52,7 +52,6 @@ from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, NONCE_RE, POLL_SEC
                                         PROTOCOL, STAGE_SECONDS, Hello, Meeting,
                                         bind_address, jobs_digest, reserve_port, run_id,
                                         send)
-from jdtensor.runtime.host import serve
 from jdtensor.runtime.links import Links
 
 __all__ = ["Hello", "Meeting", "bind_address", "reserve_port", "rendezvous",
@@ -229,7 +228,8 @@ def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
       coordinator never came up (other clients).
   """
   timeout, at = deadline.seconds, deadline.at
-  if me.client_id == 0:
+  if me.client_id == 0:  # Only client 0 hosts: the others never load its server.
+    from jdtensor.runtime.host import serve  # pylint: disable=g-import-not-at-top
     return serve(me, secret, bind[0], bind[1], coordinator, timeout, at)
   return _join(me, secret, coordinator, timeout, at)
 

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jdtensor import _env, _wire
 from jdtensor import _logging as logging
@@ -22,8 +22,9 @@ from jdtensor.errors import AlreadyInitializedError, NotInitializedError
 from jdtensor.runtime import startup
 from jdtensor.runtime.startup import backend_initialized
 from jdtensor.runtime.links import Links
-from jdtensor.tpu.topology import (SimulatedTopology, Topology,
-                                   read_simulated_topology)
+
+if TYPE_CHECKING:  # The TPU modules load only on a TPU (or simulated TPU) run.
+  from jdtensor.tpu.topology import SimulatedTopology, Topology
 
 __all__ = ["Runtime", "RuntimeState", "StartupPlan", "PLATFORMS",
            "backend_initialized", "process_index"]
@@ -170,6 +171,7 @@ class Runtime:
     """The simulated TPU slice in force (as initialised, else from the env)."""
     if self.is_initialized():
       return self.state.simulated_tpu
+    from jdtensor.tpu.topology import read_simulated_topology  # pylint: disable=g-import-not-at-top
     return read_simulated_topology()
 
   def platform_of(self, device_type: str) -> str | None:

@@ -215,6 +215,14 @@ def scenario_init_only():
   result("initialized", True)
 
 
+def scenario_loaded_modules():
+  """Which jdtensor modules a CPU client's start-up (and a mesh) loads."""
+  import jdtensor
+  jdtensor.initialize_accelerator_system("CPU")
+  jdtensor.create_distributed_mesh([("x", jdtensor.num_global_devices("CPU"))])
+  result("modules", sorted(m for m in sys.modules if m.startswith("jdtensor")))
+
+
 def scenario_init_then_sleep():
   import time
   import jdtensor
