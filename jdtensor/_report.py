@@ -20,7 +20,7 @@ import re
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 __all__ = ["Report", "ClientEnd", "RootCause", "root_cause", "summary", "describe_exit",
            "mark_finished", "finished_clients", "CONSEQUENCE_EXIT_CODE"]
@@ -68,8 +68,7 @@ def describe_exit(code: int) -> str:
   return f"exited with code {code}"
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(NamedTuple):
   """What one client told the launcher.
 
   Attributes:
@@ -93,7 +92,7 @@ class Report:
   def write(self, directory: str) -> None:
     """Atomically, as ``client-<id>.json`` (the launcher may read at any time)."""
     path = os.path.join(directory, f"client-{self.client}.json")
-    record = {**asdict(self), "culprits": list(self.culprits)}
+    record = {**self._asdict(), "culprits": list(self.culprits)}
     with open(path + ".tmp", "w") as f:
       json.dump(record, f)
     os.replace(path + ".tmp", path)
@@ -144,8 +143,7 @@ class Report:
     return self.plain if self.culprits == (self.client,) else None
 
 
-@dataclass(frozen=True)
-class ClientEnd:
+class ClientEnd(NamedTuple):
   """How one client ended, as the launcher saw it.
 
   Attributes:
@@ -158,8 +156,7 @@ class ClientEnd:
   ended_at: float | None = None
 
 
-@dataclass(frozen=True)
-class RootCause:
+class RootCause(NamedTuple):
   """The client the run failed because of.
 
   Attributes:

@@ -42,16 +42,14 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from jdtensor import _jaxlib_texts
 
 __all__ = ["Departure", "ExitGuard", "describe_exception", "lost_a_peer",
            "never_joined"]
 
-@dataclass(frozen=True)
-class Departure:
+class Departure(NamedTuple):
   """How this client is leaving.
 
   Attributes:

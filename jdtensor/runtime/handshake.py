@@ -11,7 +11,7 @@ import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from jdtensor._wire import encode, split_host_port
 from jdtensor.runtime.links import Links
@@ -43,8 +43,7 @@ def jobs_digest(jobs: Sequence[str]) -> str:
   return hashlib.sha256(",".join(jobs).encode()).hexdigest()
 
 
-@dataclass(frozen=True)
-class Hello:
+class Hello(NamedTuple):
   """What each client tells client 0 (once both are authenticated).
 
   Attributes:
@@ -69,8 +68,7 @@ class Hello:
             "heartbeat": self.heartbeat, "settings": dict(self.settings)}
 
 
-@dataclass(frozen=True)
-class PeerHello:
+class PeerHello(NamedTuple):
   """A hello as received: checked field by field, nothing trusted."""
   client_id: int
   num_clients: int
