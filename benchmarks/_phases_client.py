@@ -47,6 +47,7 @@ def main(mode: str) -> None:
                                 in_specs=P("x"), out_specs=P()))(x)
   assert float(np.asarray(total.addressable_data(0))[0]) == n
   mark("first")
+  print(f"FIRST_COLLECTIVE_AT {time.time():.6f}", flush=True)  # For bench_scaling.
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ _IMPORT_PROBE = """
 import time, jax, numpy
 start = time.process_time()
 import jdtensor
-from jdtensor import accelerator, heartbeat, mesh_util, api
+from jdtensor import accelerator, mesh_util
 from jdtensor.runtime import jax_private
 print(time.process_time() - start)
 """

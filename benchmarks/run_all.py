@@ -2,8 +2,8 @@
 
     python benchmarks/run_all.py [--repeats N] [--only SECTION,...]
 
-``--only`` reruns the named sections (startup, ring, heartbeat, api, testing,
-verdicts, faults) and
+``--only`` reruns the named sections (startup, startup_cpu, scaling, ring,
+heartbeat, api, testing, verdicts, faults) and
 keeps the others as they are in RESULTS.md, each with the date it was made.
 
 Every figure is measured side by side with its baseline in the same run
@@ -24,8 +24,9 @@ import platform  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 
-from benchmarks import (bench_api, bench_heartbeat, bench_ring, bench_startup,
-                        bench_startup_cpu, bench_testing, bench_verdicts)  # noqa: E402
+from benchmarks import (bench_api, bench_heartbeat, bench_ring, bench_scaling,
+                        bench_startup, bench_startup_cpu, bench_testing,
+                        bench_verdicts)  # noqa: E402
 from benchmarks._timing import machine  # noqa: E402
 
 
@@ -52,6 +53,13 @@ SECTIONS = {  # key -> (title, intro)
                     "start-up CPU goes (imports, init, mesh + first psum, exit), "
                     "jdtensor with and without its heartbeat against raw JAX, "
                     "clients started by hand (issue #23, step 1)."),
+    "scaling": ("Start-up scaling, 2 to 32 clients",
+                "`python benchmarks/bench_scaling.py`: cold start (raw JAX, "
+                "jdtensor as installed and from source, `jdtensor launch`, TF "
+                "DTensor where installed) and dead-client detection at 2, 4, 8, 16 "
+                "and 32 clients x 1 CPU device. Targets (issue #23): jdtensor's CPU "
+                "per client within 1.05x raw JAX's, and its wall at or below raw "
+                "JAX's, at every count, heartbeat on."),
     "ring": ("TPU ring orders and mesh strings at scale",
              "`jdtensor.tpu.ring_order` vs DTensor's pure-Python ring algorithm "
              "(same results asserted before timing), interleaved in one process."),
@@ -112,6 +120,7 @@ def main(argv=None) -> int:
   runners = {
       "startup": lambda: bench_startup.main(startup_args),
       "startup_cpu": lambda: bench_startup_cpu.main(["--repeats", str(min(args.repeats, 3))]),
+      "scaling": lambda: bench_scaling.main(["--repeats", str(min(args.repeats, 3))]),
       "ring": lambda: bench_ring.main(["--repeats", str(args.repeats)]),
       "heartbeat": lambda: bench_heartbeat.main(["--repeats", str(args.repeats)]),
       "api": lambda: bench_api.main(["--repeats", str(args.repeats)]),

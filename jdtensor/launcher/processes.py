@@ -30,8 +30,11 @@ _POLL_SECONDS = 0.05
 # ignored: the launcher forwards it, a jdtensor client installs a stack dump
 # for it, and any other program must not die of it. Python runs only in this
 # fresh, single-threaded process, never in a fork of a multithreaded one.
+# It runs once per client: `_signal` (the C module `signal` wraps in enums)
+# and no site imports keep its start-up CPU low (benchmarks/RESULTS.md,
+# "Start-up scaling").
 _GUARDIAN = """\
-import ctypes, os, signal, sys
+import _signal as signal, ctypes, os, sys
 launcher, command = int(sys.argv[1]), sys.argv[2:]
 libc = ctypes.CDLL(None, use_errno=True)
 def launcher_gone(signum, frame):

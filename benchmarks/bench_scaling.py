@@ -1,0 +1,298 @@
+"""Start-up and dead-client detection as the client count grows, 2 to 32.
+
+    python benchmarks/bench_scaling.py [--repeats N] [--clients 2,4,8,16,32]
+        [--tf-clients 2,4,8,16] [--plot benchmarks/scaling.png]
+
+1. Cold start. N clients x 1 CPU device, each building a mesh of every
+   device, running one cross-client psum and exiting normally
+   (`_phases_client.py`; TF DTensor: `_tf_client.py`). Every contender's
+   clients are started by the same hand-written spawner, except "jdtensor
+   launch", which is `jdtensor launch -n N` as users run it (its CPU includes
+   the launcher's own). Per run: wall from the first spawn to every client's
+   psum done, and to the last client's exit; each client's whole-process CPU
+   (every thread, from ``os.wait4``), averaged over the clients.
+   jdtensor runs as installed (its bytecode compiled, as pip compiles every
+   wheel it installs, JAX's included) and from source (this checkout as an
+   editable install where ``PYTHONDONTWRITEBYTECODE`` is set: every client
+   compiles jdtensor's modules again; see RESULTS.md, "Start-up CPU by phase").
+2. Dead-client detection. N jdtensor clients idle after start-up (heartbeat
+   period 1 s); the last is SIGKILLed; seconds until every survivor has
+   exited. (Raw JAX's default is about 100 s: bench_startup.py measures it.)
+
+Rounds are interleaved; figures are medians. Writes a PNG of both when
+matplotlib is installed (``pip install -e '.[bench]'``; never a jdtensor
+dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks._timing import machine  # noqa: E402
+from benchmarks.bench_startup_cpu import _CACHED, CLIENT  # noqa: E402
+
+PY = sys.executable
+TF_PY = os.environ.get("JDTENSOR_BENCH_TF_PYTHON")
+TF = os.path.join(ROOT, "benchmarks", "_tf_client.py")
+IDLE = os.path.join(ROOT, "benchmarks", "_client.py")
+RUN_SECRET = "bench-scaling-secret-0123456789"
+
+
+def _free_ports(n: int) -> list[int]:
+  socks = [socket.socket() for _ in range(n)]
+  for s in socks:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in socks]
+  for s in socks:
+    s.close()
+  return ports
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("DTENSOR_", "JDTENSOR_", "JAX_", "XLA_"))}
+  env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT,
+             JDTENSOR_RUN_SECRET=RUN_SECRET, **extra)
+  if env.get("PYTHONDONTWRITEBYTECODE") == "":
+    del env["PYTHONDONTWRITEBYTECODE"]  # Python reads any value as "set".
+  return env
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+  for proc in procs:
+    if proc.poll() is None:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    if proc.returncode is None:
+      proc.wait(timeout=30)
+
+
+class Run:
+  """One cold start: its walls and the CPU per client."""
+
+  def __init__(self, first: float, end: float, cpu_per_client: float):
+    self.first, self.end, self.cpu = first, end, cpu_per_client
+
+
+def _collect(procs: list[subprocess.Popen], start: float, n: int,
+             timeout: float = 600.0) -> tuple[list[float], float, float]:
+  """Reaps every process: (first-psum stamps, wall to the last exit, CPU in
+  all). A process's CPU from ``wait4`` includes the children it reaped (the
+  launcher's clients)."""
+  timer = threading.Timer(timeout, _stop, [procs])
+  timer.start()
+  cpu, stamps = 0.0, []
+  try:
+    for proc in procs:
+      _, status, usage = os.wait4(proc.pid, 0)
+      proc.returncode = os.waitstatus_to_exitcode(status)
+      cpu += usage.ru_utime + usage.ru_stime
+    end = time.time() - start
+  finally:
+    timer.cancel()
+    _stop(procs)
+  for proc in procs:
+    out = proc.stdout.read() if proc.stdout else ""
+    # The launcher tags its clients' lines ("[client 3] FIRST_COLLECTIVE_AT ...").
+    stamps += [float(t) for t in re.findall(r"FIRST_COLLECTIVE_AT ([\d.]+)", out)]
+    if proc.returncode != 0:
+      raise RuntimeError(f"a client ended with {proc.returncode}: {out[-500:]}")
+  if len(stamps) != n:
+    raise RuntimeError(f"{len(stamps)} of {n} clients reached the psum")
+  return stamps, end, cpu
+
+
+def cold_start_by_hand(argv: list[str], n: int, extra: dict[str, str]) -> Run:
+  """`argv` on n clients started by hand, with DTENSOR_* set as every launcher does."""
+  jobs = ",".join(f"localhost:{p}" for p in _free_ports(n))
+  start, procs = time.time(), []
+  for c in range(n):
+    env = _env({"DTENSOR_JOBS": jobs, "DTENSOR_CLIENT_ID": str(c),
+                "JAX_NUM_CPU_DEVICES": "1", **extra})
+    procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True,
+                                  start_new_session=True))
+  stamps, end, cpu = _collect(procs, start, n)
+  return Run(max(stamps) - start, end, cpu / n)
+
+
+def cold_start_launch(n: int, extra: dict[str, str]) -> Run:
+  """`jdtensor launch -n n` of the same client; CPU of the launcher and clients."""
+  start = time.time()
+  proc = subprocess.Popen([PY, "-m", "jdtensor", "launch", "-n", str(n), "--timeout",
+                           "300", "--", PY, CLIENT, "jdtensor"], env=_env(extra),
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          start_new_session=True)
+  stamps, end, cpu = _collect([proc], start, n)
+  return Run(max(stamps) - start, end, cpu / n)
+
+
+def detection(n: int) -> float:
+  """Seconds from SIGKILL of the last of n idle jdtensor clients to the last
+  survivor's exit (heartbeat period 1 s)."""
+  jobs = ",".join(f"localhost:{p}" for p in _free_ports(n))
+  procs = [subprocess.Popen(
+      [PY, IDLE, "wait_to_be_killed"],
+      env=_env({"DTENSOR_JOBS": jobs, "DTENSOR_CLIENT_ID": str(c),
+                "JAX_NUM_CPU_DEVICES": "1", "JDTENSOR_HEARTBEAT_PERIOD": "1",
+                **_CACHED}),
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+      start_new_session=True) for c in range(n)]
+  try:
+    for proc in procs:
+      line = "?"
+      while line and not line.startswith("READY"):
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+      if not line:
+        raise RuntimeError("a client ended before it was ready")
+    time.sleep(1.5)  # The heartbeat's first beats.
+    killed = time.monotonic()
+    os.kill(procs[-1].pid, signal.SIGKILL)
+    for proc in procs[:-1]:
+      proc.wait(timeout=120)
+    return time.monotonic() - killed
+  finally:
+    _stop(procs)
+
+
+CONTENDERS = {
+    "raw JAX": lambda n: cold_start_by_hand([PY, CLIENT, "raw"], n, {}),
+    "jdtensor": lambda n: cold_start_by_hand([PY, CLIENT, "jdtensor"], n, _CACHED),
+    "jdtensor from source": lambda n: cold_start_by_hand([PY, CLIENT, "jdtensor"], n, {}),
+    "jdtensor launch": lambda n: cold_start_launch(n, _CACHED),
+    "TF DTensor": lambda n: cold_start_by_hand([TF_PY or "", TF, "first_collective"],
+                                               n, {}),
+}
+
+
+def _plot(path: str, counts: list[int], runs: dict[str, dict[int, list[Run]]],
+          detect: dict[int, list[float]]) -> str:
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return "(no plot: matplotlib is not installed; `pip install -e '.[bench]'`)"
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+  for name, by_n in runs.items():
+    ns = [n for n in counts if by_n.get(n)]
+    axes[0].plot(ns, [statistics.median(r.first for r in by_n[n]) for n in ns],
+                 marker="o", label=name)
+    axes[1].plot(ns, [statistics.median(r.cpu for r in by_n[n]) for n in ns],
+                 marker="o", label=name)
+  ns = [n for n in counts if detect.get(n)]
+  axes[2].plot(ns, [statistics.median(detect[n]) for n in ns], marker="o",
+               color="tab:orange", label="jdtensor (period 1 s)")
+  titles = ("Cold start: launch to every client's first psum (s)",
+            "CPU per client, whole process (s)",
+            "Dead-client detection: SIGKILL to last survivor's exit (s)")
+  for ax, title in zip(axes, titles):
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("clients (1 CPU device each)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.grid(True, alpha=0.3)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+  fig.suptitle(f"jdtensor start-up scaling ({machine()})", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+  return f"![Start-up and detection against the client count]({os.path.basename(path)})"
+
+
+def _slope(xs: list[int], ys: list[float]) -> float:
+  """Least-squares slope of ys against xs."""
+  mx, my = statistics.mean(xs), statistics.mean(ys)
+  return (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+          / sum((x - mx) ** 2 for x in xs))
+
+
+def main(argv=None) -> str:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--clients", default="2,4,8,16,32")
+  parser.add_argument("--tf-clients", default="2,4,8,16",
+                      help="client counts for TF DTensor (about 0.5 GiB of "
+                           "memory and 3 s of CPU per client)")
+  parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "scaling.png"))
+  args = parser.parse_args(argv)
+  counts = [int(v) for v in args.clients.split(",")]
+  tf_counts = {int(v) for v in args.tf_clients.split(",")} if TF_PY else set()
+  names = [k for k in CONTENDERS if k != "TF DTensor" or tf_counts]
+  runs: dict[str, dict[int, list[Run]]] = {k: {} for k in names}
+  detect: dict[int, list[float]] = {}
+  cold_start_by_hand([PY, CLIENT, "jdtensor"], 2, _CACHED)  # Fills the bytecode cache.
+  for _ in range(args.repeats):
+    for n in counts:
+      for name in names:
+        if name == "TF DTensor" and n not in tf_counts:
+          continue
+        runs[name].setdefault(n, []).append(CONTENDERS[name](n))
+      detect.setdefault(n, []).append(detection(n))
+
+  def med(name: str, n: int, what: str) -> float:
+    return statistics.median(getattr(r, what) for r in runs[name][n])
+
+  lines = [f"Machine: {machine()}",
+           "TF DTensor: " + (f"TensorFlow from `{TF_PY}` (a throw-away venv; never "
+                             f"a jdtensor dependency), at {sorted(tf_counts)} clients"
+                             if TF_PY else "skipped (set JDTENSOR_BENCH_TF_PYTHON)"),
+           "", "Cold start, N clients x 1 CPU device: seconds to every client's "
+           "first psum / to the last exit, and CPU seconds per client (medians of "
+           f"{args.repeats} interleaved rounds; ratios to raw JAX in brackets):", "",
+           "| clients | " + " | ".join(names) + " |",
+           "|---:|" + "---:|" * len(names)]
+  for n in counts:
+    cells = []
+    for name in names:
+      if n not in runs[name]:
+        cells.append("")
+        continue
+      first, end, cpu = (med(name, n, w) for w in ("first", "end", "cpu"))
+      if name == "raw JAX":
+        cells.append(f"{first:.2f} / {end:.2f} s, CPU {cpu:.2f} s")
+      else:
+        rf, re_, rc = (med("raw JAX", n, w) for w in ("first", "end", "cpu"))
+        cells.append(f"{first:.2f} ({first / rf:.2f}x) / {end:.2f} ({end / re_:.2f}x) s, "
+                     f"CPU {cpu:.2f} s ({cpu / rc:.2f}x)")
+    lines.append(f"| {n} | " + " | ".join(cells) + " |")
+  lines += ["", "How the cost grows (least-squares slope over the client counts):", ""]
+  for name in names:
+    ns = sorted(runs[name])
+    if len(ns) < 2:
+      continue
+    wall = _slope(ns, [med(name, n, "first") for n in ns])
+    cpu = [med(name, n, "cpu") for n in ns]
+    lines.append(f"* {name}: +{wall:.2f} s of wall to the first psum per added client; "
+                 f"CPU per client {min(cpu):.2f}-{max(cpu):.2f} s "
+                 f"({_slope(ns, cpu) * 1e3:+.1f} ms per added client)")
+  lines += ["", "Dead-client detection (jdtensor, heartbeat period 1 s; SIGKILL of "
+            "the last client to the last survivor's exit), seconds:", "",
+            "| clients | runs | min | median | max |", "|---:|---:|---:|---:|---:|"]
+  for n in counts:
+    d = detect[n]
+    lines.append(f"| {n} | {len(d)} | {min(d):.2f} | {statistics.median(d):.2f} | "
+                 f"{max(d):.2f} |")
+  lines += ["", _plot(args.plot, counts, runs, detect)]
+  report = "\n".join(lines)
+  print(report)
+  return report
+
+
+if __name__ == "__main__":
+  main()
