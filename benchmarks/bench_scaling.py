@@ -89,7 +89,8 @@ class Run:
 
 
 def _collect(procs: list[subprocess.Popen], start: float, n: int,
-             timeout: float = 600.0) -> tuple[list[float], float, float]:
+             timeout: float = 600.0, exit_errors_ok: bool = False
+             ) -> tuple[list[float], float, float]:
   """Reaps every process: (first-psum stamps, wall to the last exit, CPU in
   all). A process's CPU from ``wait4`` includes the children it reaped (the
   launcher's clients)."""
@@ -109,15 +110,19 @@ def _collect(procs: list[subprocess.Popen], start: float, n: int,
     out = proc.stdout.read() if proc.stdout else ""
     # The launcher tags its clients' lines ("[client 3] FIRST_COLLECTIVE_AT ...").
     stamps += [float(t) for t in re.findall(r"FIRST_COLLECTIVE_AT ([\d.]+)", out)]
-    if proc.returncode != 0:
+    if proc.returncode != 0 and not exit_errors_ok:
       raise RuntimeError(f"a client ended with {proc.returncode}: {out[-500:]}")
   if len(stamps) != n:
     raise RuntimeError(f"{len(stamps)} of {n} clients reached the psum")
   return stamps, end, cpu
 
 
-def cold_start_by_hand(argv: list[str], n: int, extra: dict[str, str]) -> Run:
-  """`argv` on n clients started by hand, with DTENSOR_* set as every launcher does."""
+def cold_start_by_hand(argv: list[str], n: int, extra: dict[str, str],
+                       exit_errors_ok: bool = False) -> Run:
+  """`argv` on n clients started by hand, with DTENSOR_* set as every launcher
+  does. `exit_errors_ok`: a client may fail after its psum (TF DTensor's
+  clients, at 16: client 0's exit ends the coordination service while the
+  others still leave its barrier)."""
   jobs = ",".join(f"localhost:{p}" for p in _free_ports(n))
   start, procs = time.time(), []
   for c in range(n):
@@ -126,7 +131,7 @@ def cold_start_by_hand(argv: list[str], n: int, extra: dict[str, str]) -> Run:
     procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, text=True,
                                   start_new_session=True))
-  stamps, end, cpu = _collect(procs, start, n)
+  stamps, end, cpu = _collect(procs, start, n, exit_errors_ok=exit_errors_ok)
   return Run(max(stamps) - start, end, cpu / n)
 
 
@@ -175,7 +180,7 @@ CONTENDERS = {
     "jdtensor from source": lambda n: cold_start_by_hand([PY, CLIENT, "jdtensor"], n, {}),
     "jdtensor launch": lambda n: cold_start_launch(n, _CACHED),
     "TF DTensor": lambda n: cold_start_by_hand([TF_PY or "", TF, "first_collective"],
-                                               n, {}),
+                                               n, {}, exit_errors_ok=True),
 }
 
 
