@@ -11,6 +11,8 @@ Commands:
   (batch=4, model=2) distributed mesh.
 * ``jdtensor env [--detect auto|tpu|slurm|k8s|ompi]``: print the DTENSOR_*
   exports derived from a TPU pod, SLURM, Kubernetes or Open MPI environment.
+* ``jdtensor status [--watch [SECONDS]] [--pid PID]``: one row per client of
+  each `jdtensor launch` this user runs on this machine (see `jdtensor._status`).
 """
 
 from __future__ import annotations
@@ -128,6 +130,20 @@ def get_parser() -> argparse.ArgumentParser:
   env.add_argument("--detect", default="auto",
                    choices=["auto", "tpu", "slurm", "k8s", "ompi"],
                    help="where to look (default auto)")
+  status = commands.add_parser(
+      "status", help="show what every client of a running `jdtensor launch` is doing",
+      description="One row per client of each `jdtensor launch` you run on this "
+      "machine (on several nodes: run it on node 0): phase, for how long, where "
+      "its main thread is, CPU, memory, beats, restarts, and how long it and the "
+      "others wait in collectives.")
+  status.add_argument("--watch", nargs="?", type=_positive_float, const=2.0,
+                      default=None, metavar="SECONDS",
+                      help="refresh every SECONDS (default 2) until Ctrl-C")
+  status.add_argument("--pid", type=_positive_int, default=None,
+                      help="only the launch whose launcher has this pid")
+  status.add_argument("--wait", type=_positive_float, default=5.0, metavar="SECONDS",
+                      help="how long to wait for the clients' first answer "
+                      "(default 5; they answer once a heartbeat period)")
   return parser
 
 
@@ -212,6 +228,46 @@ def _env_command(args: argparse.Namespace) -> int:
   return 0
 
 
+def _status_command(args: argparse.Namespace) -> int:
+  import time  # pylint: disable=g-import-not-at-top
+
+  from jdtensor import _status  # pylint: disable=g-import-not-at-top
+
+  def screen(wait: float) -> tuple[str, bool]:
+    runs = [r for r in _status.running_runs()
+            if args.pid is None or r.get("pid") == args.pid]
+    if not runs:
+      which = f" with launcher pid {args.pid}" if args.pid else ""
+      return (f"jdtensor status: no `jdtensor launch`{which} is running for this "
+              "user on this machine (on several nodes, run it on node 0).", False)
+    asked = {r["report_dir"]: _status.request_status(r["report_dir"]) for r in runs
+             if os.path.isdir(r.get("report_dir", ""))}
+    deadline = time.monotonic() + wait
+    while True:  # Until every local client answered since the request.
+      answers = {d: _status.read_statuses(d) for d in asked}
+      fresh = all(len([s for s in answers[d].values() if s.get("at", 0) >= asked[d] - 0.5])
+                  >= len(r.get("client_ids", [])) for r in runs
+                  for d in [r["report_dir"]] if d in answers)
+      if fresh or time.monotonic() >= deadline:
+        break
+      time.sleep(0.1)
+    return "\n\n".join(_status.format_status(r, answers.get(r["report_dir"], {}))
+                       for r in runs), True
+
+  if args.watch is None:
+    text, found = screen(args.wait)
+    print(text)
+    return 0 if found else 1
+  try:
+    while True:
+      text, _ = screen(min(args.wait, args.watch))
+      sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")  # Like `top`.
+      sys.stdout.flush()
+      time.sleep(args.watch)
+  except KeyboardInterrupt:
+    return 0
+
+
 def _demo_client(args: argparse.Namespace) -> int:
   from jdtensor import demo  # pylint: disable=g-import-not-at-top
   return 0 if demo.report(demo.run_demo_client(
@@ -224,4 +280,5 @@ def main(argv: list[str] | None = None) -> int:
   if argv[:1] == [_DEMO_CLIENT]:
     return _demo_client(_demo_client_parser().parse_args(argv[1:]))
   args = get_parser().parse_args(argv)
-  return {"launch": _launch, "demo": _demo, "env": _env_command}[args.command](args)
+  return {"launch": _launch, "demo": _demo, "env": _env_command,
+          "status": _status_command}[args.command](args)

@@ -20,6 +20,7 @@ MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
 # The launcher's parent process and the pure layers: not even numpy.
 STDLIB_ONLY = ["launcher", "launcher.spec", "launcher.processes", "launcher.output",
                "launcher.supervisor", "launcher.meeting", "launcher.nodes", "_report", "_wire",
+               "_status",
                "_jaxlib_texts",
                "cli", "_env", "cluster", "errors",
                "device_spec", "_logging", "testing", "testing._transport"]
@@ -164,7 +165,7 @@ LAYERS = [
                    "_env.runtime_env", "_env.heartbeat_env", "_env", "_logging",
                    "_deadline", "device_spec", "_wire",
                    "_jaxlib_texts",
-                   "_report", "cluster"]),
+                   "_report", "_status", "cluster"]),
     ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),
     ("runtime leaves", ["runtime.links", "runtime.handshake", "runtime.host",
                         "runtime.rendezvous", "runtime.jax_private",
@@ -172,7 +173,8 @@ LAYERS = [
     ("the state owner", ["runtime.state", "runtime"]),
     ("runtime users", ["runtime.interop"]),
     ("heartbeat leaves", ["heartbeat.departure", "heartbeat.flight", "heartbeat.interfaces",
-                          "heartbeat.protocol", "heartbeat.exchange"]),
+                          "heartbeat.stragglers", "heartbeat.protocol",
+                          "heartbeat.exchange"]),
     ("heartbeat", ["heartbeat"]),
     ("DTensor's face", ["config", "api", "mesh_util", "tpu.mesh", "tpu.system",
                         "accelerator"]),

@@ -42,6 +42,7 @@ from jdtensor._env.names import (DTENSOR_CLIENT_ID, DTENSOR_JOBS, DTENSOR_JOB_NA
                                  JDTENSOR_HEARTBEAT_PERIOD, JDTENSOR_HEARTBEAT_POLICY,
                                  JDTENSOR_STUCK_TIMEOUT, JDTENSOR_STALL_TIMEOUT,
                                  JDTENSOR_STALL_KILL_ALL_WAITING, JDTENSOR_REPORT_DIR,
+                                 JDTENSOR_STRAGGLER_THRESHOLD, JDTENSOR_STRAGGLER_WINDOW,
                                  JDTENSOR_RUN_SECRET, JDTENSOR_CLUSTER_DETECTION,
                                  JDTENSOR_SIMULATED_TPU_TOPOLOGY,
                                  JDTENSOR_K8S_PODS_PER_JOB, JDTENSOR_K8S_NUM_JOBS,
@@ -59,6 +60,7 @@ from jdtensor._env.runtime_env import (Timeouts, read_timeouts, read_bind_overri
                                        read_cpu_device_count, cpu_device_count_setting,
                                        resolve_cpu_device_count,
                                        without_cpu_device_count, read_report_dir,
+                                       read_restart_count, read_user_runtime_dir,
                                        read_visible_gpu_limit, read_simulated_tpu_shape)
 from jdtensor._env.heartbeat_env import (HEARTBEAT_POLICIES, HeartbeatSettings,
                                          read_heartbeat_settings)
@@ -81,6 +83,8 @@ __all__ = [
     "JDTENSOR_STUCK_TIMEOUT",
     "JDTENSOR_STALL_TIMEOUT",
     "JDTENSOR_STALL_KILL_ALL_WAITING",
+    "JDTENSOR_STRAGGLER_THRESHOLD",
+    "JDTENSOR_STRAGGLER_WINDOW",
     "JDTENSOR_REPORT_DIR",
     "JDTENSOR_RUN_SECRET",
     "JDTENSOR_CLUSTER_DETECTION",
@@ -121,6 +125,8 @@ __all__ = [
     "resolve_cpu_device_count",
     "without_cpu_device_count",
     "read_report_dir",
+    "read_restart_count",
+    "read_user_runtime_dir",
     "read_legacy_num_clients",
     "read_seed_job_name",
     "read_visible_gpu_limit",

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from jdtensor._env.names import (JDTENSOR_COORDINATION_TIMEOUT,
                                  JDTENSOR_HEARTBEAT_PERIOD, JDTENSOR_HEARTBEAT_POLICY,
                                  JDTENSOR_STALL_KILL_ALL_WAITING,
-                                 JDTENSOR_STALL_TIMEOUT, JDTENSOR_STUCK_TIMEOUT)
+                                 JDTENSOR_STALL_TIMEOUT, JDTENSOR_STRAGGLER_THRESHOLD,
+                                 JDTENSOR_STRAGGLER_WINDOW, JDTENSOR_STUCK_TIMEOUT)
 from jdtensor._env.parse import MAX_TIMEOUT, environ_or_default, read_bool
 from jdtensor._env.runtime_env import _coordination_timeout_variable
 from jdtensor.errors import ConfigError
@@ -45,12 +46,20 @@ class HeartbeatSettings:
       the stall timeout (a long computation, or a deadlock), fail the run
       instead of only logging each client's stack
       (``JDTENSOR_STALL_KILL_ALL_WAITING``, default false).
+    straggler_threshold: A client the others wait for in collectives more
+      than this share (percent) of the straggler window is named a straggler
+      on every client, once (``JDTENSOR_STRAGGLER_THRESHOLD``, default 30;
+      0 disables). Never a kill.
+    straggler_window: The sliding window, seconds
+      (``JDTENSOR_STRAGGLER_WINDOW``, default 60, at least two periods).
   """
   period: float = 2.0
   policy: str = "terminate"
   stuck_timeout: float = 60.0
   stall_timeout: float = 300.0
   stall_kill_all_waiting: bool = False
+  straggler_threshold: float = 30.0
+  straggler_window: float = 60.0
 
   def handshake(self) -> dict[str, object]:
     """The values every client must agree on, by variable name."""
@@ -58,7 +67,9 @@ class HeartbeatSettings:
             JDTENSOR_HEARTBEAT_POLICY: self.policy,
             JDTENSOR_STUCK_TIMEOUT: self.stuck_timeout,
             JDTENSOR_STALL_TIMEOUT: self.stall_timeout,
-            JDTENSOR_STALL_KILL_ALL_WAITING: self.stall_kill_all_waiting}
+            JDTENSOR_STALL_KILL_ALL_WAITING: self.stall_kill_all_waiting,
+            JDTENSOR_STRAGGLER_THRESHOLD: self.straggler_threshold,
+            JDTENSOR_STRAGGLER_WINDOW: self.straggler_window}
 
 
 def _seconds(name: str, raw: str, low: float, high: float, zero_ok: bool = False
@@ -147,7 +158,25 @@ def read_heartbeat_settings(environ: Mapping[str, str] | None = None, *,
   raw = env.get(JDTENSOR_STALL_TIMEOUT)
   stall = (defaults.stall_timeout if raw is None else
            _seconds(JDTENSOR_STALL_TIMEOUT, raw, 1.0, MAX_TIMEOUT, zero_ok=True))
+  raw = env.get(JDTENSOR_STRAGGLER_THRESHOLD)
+  threshold = defaults.straggler_threshold if raw is None else _percent(
+      JDTENSOR_STRAGGLER_THRESHOLD, raw)
+  raw = env.get(JDTENSOR_STRAGGLER_WINDOW)
+  window = (max(defaults.straggler_window, 2 * period_value) if raw is None else
+            _seconds(JDTENSOR_STRAGGLER_WINDOW, raw, 2 * period_value, MAX_TIMEOUT))
   return HeartbeatSettings(
       period=period_value, policy=policy_value, stuck_timeout=stuck,
       stall_timeout=stall,
-      stall_kill_all_waiting=read_bool(JDTENSOR_STALL_KILL_ALL_WAITING, False, env))
+      stall_kill_all_waiting=read_bool(JDTENSOR_STALL_KILL_ALL_WAITING, False, env),
+      straggler_threshold=threshold, straggler_window=window)
+
+
+def _percent(name: str, raw: str) -> float:
+  try:
+    value = float(raw.strip())
+  except ValueError:
+    value = float("nan")
+  if not 0 <= value <= 100:  # Also rejects nan and inf.
+    raise ConfigError(f"{name}={raw!r} must be a percentage from 0 (off) to 100, "
+                      "e.g. 30.")
+  return value

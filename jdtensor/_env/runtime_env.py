@@ -14,8 +14,10 @@ from jdtensor._env.names import (CUDA_VISIBLE_DEVICES, JAX_NUM_CPU_DEVICES,
                                  JDTENSOR_COORDINATION_TIMEOUT,
                                  JDTENSOR_COORDINATOR_BIND_ADDRESS,
                                  JDTENSOR_HEARTBEAT_TIMEOUT, JDTENSOR_INIT_TIMEOUT,
-                                 JDTENSOR_REPORT_DIR, JDTENSOR_SHUTDOWN_TIMEOUT,
-                                 JDTENSOR_SIMULATED_TPU_TOPOLOGY, XLA_FLAGS)
+                                 JDTENSOR_REPORT_DIR, JDTENSOR_RESTART_COUNT,
+                                 JDTENSOR_SHUTDOWN_TIMEOUT,
+                                 JDTENSOR_SIMULATED_TPU_TOPOLOGY, XDG_RUNTIME_DIR,
+                                 XLA_FLAGS)
 from jdtensor._env.parse import (INT_RE, environ_or_default, parse_bind_address,
                                  parse_timeout)
 from jdtensor.errors import ConfigError
@@ -196,6 +198,17 @@ def read_report_dir(environ: Mapping[str, str] | None = None) -> str | None:
   """``JDTENSOR_REPORT_DIR`` (set by `jdtensor launch`), or None."""
   return environ_or_default(environ).get(JDTENSOR_REPORT_DIR) or None
 
+
+def read_user_runtime_dir(environ: Mapping[str, str] | None = None) -> str | None:
+  """``XDG_RUNTIME_DIR`` (the user's private runtime directory), or None."""
+  return environ_or_default(environ).get(XDG_RUNTIME_DIR) or None
+
+
+def read_restart_count(environ: Mapping[str, str] | None = None) -> int:
+  """``JDTENSOR_RESTART_COUNT`` (set by `jdtensor launch`): 0 when unset or
+  not a count (it is only shown, never acted on)."""
+  raw = environ_or_default(environ).get(JDTENSOR_RESTART_COUNT, "").strip()
+  return int(raw) if INT_RE.fullmatch(raw) and not raw.startswith("-") else 0
 
 
 _TPU_SHAPE_RE = re.compile(r"\s*([0-9]+)x([0-9]+)x([0-9]+)x([0-9]+)\s*", re.ASCII)

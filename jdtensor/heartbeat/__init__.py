@@ -40,21 +40,29 @@ version; the liveness links still catch dead clients.
 Configuration (`jdtensor._env.HeartbeatSettings`): ``DTENSOR_ENABLE_HEARTBEAT``
 (default true) starts it from ``initialize_accelerator_system`` in multi-client
 runs; ``JDTENSOR_HEARTBEAT_PERIOD``, ``JDTENSOR_HEARTBEAT_POLICY``,
-``JDTENSOR_STUCK_TIMEOUT``, ``JDTENSOR_STALL_TIMEOUT`` and
-``JDTENSOR_STALL_KILL_ALL_WAITING``. SIGUSR1 prints every thread's stack
+``JDTENSOR_STUCK_TIMEOUT``, ``JDTENSOR_STALL_TIMEOUT``,
+``JDTENSOR_STALL_KILL_ALL_WAITING``, ``JDTENSOR_STRAGGLER_THRESHOLD`` and
+``JDTENSOR_STRAGGLER_WINDOW``. SIGUSR1 prints every thread's stack
 (``faulthandler``); `dump_stacks` returns them.
+
+**Stragglers and status** (`stragglers`, `jdtensor._status`): from the same
+merged beats, every client keeps each client's share of the time the others
+waited in collectives for it, names a straggler once (a warning, never a
+kill), publishes its status while `jdtensor status` asks, and records the
+run's shares at its normal end for the launcher's summary.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
 import threading
 import time
 from typing import IO, Any
 
-from jdtensor import _env, runtime
+from jdtensor import _env, _status, runtime
 from jdtensor import _logging as logging
 from jdtensor.errors import PeerFailureError
 from jdtensor.heartbeat.departure import Departure, ExitGuard
@@ -117,9 +125,37 @@ class _ClientProcess(ProcessHooks):
 
   def __init__(self, client_id: int):
     self.client_id = client_id
+    self.report_dir = _env.read_report_dir()  # Under `jdtensor launch` only.
 
   def tell_launcher(self, clients: list[int], why: str, leaving: bool) -> None:
     _tell_launcher(self.client_id, clients, why, leaving=leaving)
+
+  def status_wanted(self) -> bool:
+    return bool(self.report_dir) and _status.status_requested(self.report_dir)
+
+  def publish_status(self, record: dict[str, Any]) -> None:
+    try:
+      _status.write_status(self.report_dir, self.client_id, {
+          **record, "pid": os.getpid(), "at": time.time(), "rss_mib": _rss_mib(),
+          "restarts": _env.read_restart_count()})
+    except OSError:
+      pass  # The launcher is gone, or its directory with it.
+
+  def publish_waits(self, shares: list[float], seconds: float) -> None:
+    if self.report_dir:
+      try:
+        _status.write_waits(self.report_dir, self.client_id, shares, seconds)
+      except OSError:
+        pass
+
+
+def _rss_mib() -> float | None:
+  """This process's resident memory, MiB (Linux; None elsewhere)."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+  except (OSError, ValueError, IndexError):
+    return None
 
   def on_failure(self, error: PeerFailureError) -> None:
     runtime.record_peer_failure(error)

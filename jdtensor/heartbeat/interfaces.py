@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -91,6 +92,18 @@ class ProcessHooks:
 
   def on_failure(self, error: PeerFailureError) -> None:
     """Receives the failure under policy raise."""
+
+  def status_wanted(self) -> bool:
+    """Whether someone asked for this client's status (`jdtensor status`);
+    asked once a beat, so it must be cheap."""
+    return False
+
+  def publish_status(self, record: dict[str, Any]) -> None:
+    """Publishes this client's status (`Heartbeat.status`)."""
+
+  def publish_waits(self, shares: list[float], seconds: float) -> None:
+    """At the agreed end: how long the others waited for each client over
+    the run (percent of `seconds`), for the launcher's summary."""
 
   def cpu_seconds(self) -> float:
     """This process's CPU time (the busy share of each beat)."""

@@ -44,7 +44,8 @@ import numpy as np
 from jdtensor import _logging as logging
 from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
-from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
+from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
+from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor._report import REPORTED_BY
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE, PeerFailureError
 
@@ -193,6 +194,10 @@ class Heartbeat:
     self._terminate, self._report = process.terminate, process.tell_launcher
     self._on_failure = process.on_failure
     self._cpu, self._clock = process.cpu_seconds, process.clock
+    self._process = process
+    self.waits = WaitLedger(num_clients, settings.straggler_window,
+                            settings.straggler_threshold, self.period)
+    self._waits_since: float | None = None  # When the ledger started counting.
     self._has_joined = False
     # Wakes the beat thread early: the stop, or this client reaching its end
     # (so that a run whose clients end together agrees on it in one beat,
@@ -340,19 +345,70 @@ class Heartbeat:
         break
       phases, secs, busy_all = self.cluster = self.layout.states(merged)
       self.cluster_joined = self.layout.joined(merged)
+      self._count_waits(phases)
       if merged[self.layout.stop] > 0 or np.all(phases == AT_EXIT):
         logging.info("Exiting the heartbeat thread normally")
+        self._process.publish_waits(
+            self.waits.run_shares(),
+            self._clock() - self._waits_since if self._waits_since is not None else 0.0)
         break
       self._judge(phases, secs, busy_all, self.cluster_joined)
+      if self._process.status_wanted():
+        self._process.publish_status(self.status())
+
+  # -- waiting and stragglers (never a verdict) ---------------------------------
+
+  def _count_waits(self, phases: np.ndarray) -> None:
+    """Adds this beat to the waiting ledger (once every client has joined a
+    collective: set-up is not waiting) and names new stragglers."""
+    if self._waits_since is None:
+      if not bool(np.all(self.cluster_joined)):
+        return
+      self._waits_since = self._clock()
+    for client in self.waits.add(phases):
+      self._straggler(client)
+
+  def _straggler(self, client: int) -> None:
+    """Logs, once on every client, that the others wait for `client`, with
+    where its main thread is (it shares it; the others fetch it off the beat
+    thread, so a beat is never held up)."""
+    share = self.waits.waited_for()[client]
+    text = (f"heartbeat: client {client} is a straggler: the others waited for it "
+            f"{share:.0f}% of the last {self.waits.window:g} s")
+    key = f"straggler/{client}/{self.beats}"
+    if client == self.client_id:
+      where = self.recorder.where()
+      self._share(key, where)
+      logging.warning("%s (main thread in %s)", text, where)
+      return
+
+    def fetch_and_log() -> None:
+      where = self._fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
+      logging.warning("%s (main thread in %s)", text, where)
+    threading.Thread(target=fetch_and_log, daemon=True,
+                     name="jdtensor-heartbeat-straggler").start()
+
+  def status(self) -> dict[str, Any]:
+    """What `jdtensor status` shows of this client and its view of every
+    client (the last merged beat and the waiting shares)."""
+    phases, seconds, busy = self.cluster if self.cluster is not None else ([], [], [])
+    return {"client": self.client_id, "beats": self.beats, "period": self.period,
+            "phases": [int(p) for p in phases], "seconds": [int(v) for v in seconds],
+            "busy": [int(v) for v in busy],
+            "waiting": [round(float(v), 1) for v in self.waits.waiting()],
+            "waited_for": [round(float(v), 1) for v in self.waits.waited_for()],
+            "window": self.waits.window, "threshold": self.waits.threshold,
+            "where": self.recorder.where()}
 
   def _joined(self, phase: int, seconds: float) -> bool:
     """Whether this client has joined a collective (set-up is over); asked
-    of `joined_collective` only while it could be a staller, and never again
-    once true."""
+    of `joined_collective` at each beat until true, never again after. (A
+    straggler may be in its own code at every beat: the waiting ledger
+    starts once every client has joined, and must not wait for a sample in
+    JAX.)"""
     if self._has_joined:
       return True
-    if phase in (IN_JAX, WAITING) or (self.stall_timeout > 0 and phase == RUNNING
-                                      and seconds >= self.stall_timeout / 2):
+    if phase != AT_EXIT:
       self._has_joined = bool(self._joined_collective())
     return self._has_joined
 

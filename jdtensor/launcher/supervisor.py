@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from jdtensor import _env
+from jdtensor import _env, _status
 from jdtensor._report import (ClientEnd, Report, describe_exit, finished_clients,
                               root_cause, summary)
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
@@ -62,12 +62,15 @@ class _Supervisor:
                base_env: Mapping[str, str], attempt: Attempt,
                interrupt: Interrupt | None = None,
                stop_request: Callable[[], str | None] | None = None,
-               on_failure: Callable[[Failure], None] | None = None):
+               on_failure: Callable[[Failure], None] | None = None,
+               started: float | None = None):
     self.spec = spec
     self.attempt = attempt
     self.ids = list(attempt.client_ids)
     self.base_env = base_env
     self.report_dir = tempfile.mkdtemp(prefix="jdtensor-launch-")
+    self.registration: str | None = None
+    self.started = started if started is not None else time.time()
     self.exit_times: dict[int, float] = {}  # Monotonic, by local index.
     self.exit_wall: dict[int, float] = {}
     self.output = Output(out, err)
@@ -80,6 +83,12 @@ class _Supervisor:
     self.stopped: list[int] = []  # Clients the stop ended (see `summary`).
 
   def start(self) -> None:
+    # `jdtensor status` finds the run here (this user's, this machine's).
+    self.registration = _status.register_run({
+        "pid": os.getpid(), "started": self.started, "command": list(self.spec.command),
+        "num_clients": len(self.attempt.jobs), "client_ids": self.ids,
+        "node_rank": self.spec.node_rank, "restarts": self.attempt.restart_count,
+        "report_dir": self.report_dir})
     for client in self.ids:
       env = worker_env(self.spec, client, [], self.base_env, self.attempt)
       env[_env.JDTENSOR_REPORT_DIR] = self.report_dir
@@ -318,9 +327,15 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
         # go with it, bounded by the grace.
         sup.stop_all()
         raise
+    # Every client that ended normally recorded how long the others waited
+    # for each one over the run: said when it was uneven.
+    waits = _status.wait_summary(_status.read_waits(sup.report_dir))
   finally:
     signals.current = None
+    _status.unregister_run(sup.registration)
     shutil.rmtree(sup.report_dir, ignore_errors=True)
   if result.reason and not quiet:
     sup.output.line(result.reason)
+  if waits and not quiet:
+    sup.output.line(waits)
   return result

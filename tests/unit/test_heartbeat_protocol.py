@@ -246,6 +246,32 @@ def test_every_client_at_exit_is_the_agreed_end_with_a_teardown():
   assert len({h.beats for h in hbs}) == 1 and all(h.failure is None for h in hbs)
 
 
+def test_the_agreed_end_comes_at_once_after_the_last_client_finishes():
+  """A client at exit beats again at once (the exchange waits for the
+  others): its exit is not held up to a period after the last one ended."""
+  ex = SumExchange(2)
+  recorders = [Recorder(), Recorder()]
+  hbs = [heartbeat.Heartbeat(settings(1.0, "terminate"), c, 2,
+                             exchange=ThreadExchange(ex, Store(ex), c),
+                             process=Hooks(), recorder=recorders[c]) for c in range(2)]
+  threads = [threading.Thread(target=h.first_exchange) for h in hbs]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(10)
+  for h in hbs:
+    h.start_threads()
+  recorders[0].at_exit = True
+  hbs[0].finish()  # Its beat is answered by client 1's next timed beat (running)...
+  assert wait_for(lambda: hbs[1].beats >= 1, 5)
+  recorders[1].at_exit = True
+  finished = time.monotonic()
+  hbs[1].finish()  # ...and the last client's end is agreed on in its next beat.
+  assert all(h.stopped.wait(5) for h in hbs)
+  assert time.monotonic() - finished < 0.5  # Not a period (1 s) later.
+  assert all(h.failure is None for h in hbs)
+
+
 def test_out_of_sync_token_majority_names_the_culprit():
   _, hbs, _, _ = make_cluster(3)
   hbs[2].token ^= 0x1234
@@ -662,4 +688,7 @@ def test_heartbeat_settings_defaults_and_agreement_keys():
   assert sorted(s.handshake()) == [
       "JDTENSOR_HEARTBEAT_PERIOD", "JDTENSOR_HEARTBEAT_POLICY",
       "JDTENSOR_STALL_KILL_ALL_WAITING", "JDTENSOR_STALL_TIMEOUT",
+      "JDTENSOR_STRAGGLER_THRESHOLD", "JDTENSOR_STRAGGLER_WINDOW",
       "JDTENSOR_STUCK_TIMEOUT"]
+  # The straggler window is at least two periods (80 s here), else 60 s.
+  assert (s.straggler_threshold, s.straggler_window) == (30, 80)

@@ -1,0 +1,275 @@
+"""Live status of a run: what `jdtensor status` reads, on this machine only.
+
+PURE: standard library only (the launcher's parent and the CLI import it).
+
+Three parties, all files, nothing on the network:
+
+* the launcher registers each attempt of a run in a per-user directory
+  (`runs_dir`: mode 0700, owned by the user; ``run-<pid>.json``: its pid,
+  command, clients, restarts and report directory, itself 0700 from
+  ``mkdtemp``), and removes it when the attempt ends;
+* `jdtensor status` asks (touches ``status-request`` in the report
+  directory) and reads the answers;
+* while asked (the request is younger than `REQUEST_SECONDS`), each client's
+  heartbeat writes ``status-<client>.json`` once a beat: its own view of every
+  client (the merged beat: phase, seconds, CPU; waiting shares) and what only
+  it knows (where its main thread is, its memory). Nobody asking costs one
+  ``stat`` a beat.
+
+On several nodes, node 0's launcher sees the files of its own clients; the
+others' phases and shares come from the merged beats its clients hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jdtensor import _env
+
+__all__ = ["REQUEST_SECONDS", "runs_dir", "register_run", "unregister_run",
+           "running_runs", "request_status", "status_requested", "write_status",
+           "read_statuses", "write_waits", "read_waits", "format_status",
+           "wait_summary", "PHASE_NAMES"]
+
+# Clients keep answering for this long after the last request.
+REQUEST_SECONDS = 10.0
+_REQUEST = "status-request"
+PHASE_NAMES = {1: "own code", 2: "in JAX", 3: "collective", 4: "at exit"}
+
+
+def runs_dir(create: bool = False) -> str | None:
+  """This user's directory of running launches; None if it is missing (and
+  not `create`d) or not safe (not the user's own, or open to others)."""
+  base = _env.read_user_runtime_dir()
+  if base and os.path.isdir(base):
+    path = os.path.join(base, "jdtensor")
+  else:
+    path = os.path.join(tempfile.gettempdir(), f"jdtensor-{os.getuid()}")
+  if create:
+    try:
+      os.mkdir(path, 0o700)
+    except FileExistsError:
+      pass
+    except OSError:
+      return None
+  try:
+    st = os.lstat(path)
+  except OSError:
+    return None
+  if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()
+      or stat.S_IMODE(st.st_mode) & 0o077):
+    return None
+  return path
+
+
+def _write_json(path: str, record: Mapping[str, Any]) -> None:
+  """Atomically, readable only by the user."""
+  tmp = f"{path}.{os.getpid()}.tmp"
+  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+  with os.fdopen(fd, "w") as f:
+    json.dump(record, f)
+  os.replace(tmp, path)
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return data if isinstance(data, dict) else None
+
+
+def register_run(record: Mapping[str, Any]) -> str | None:
+  """Registers a launcher's attempt (`record` has ``pid`` and ``report_dir``);
+  the file's path, or None where there is no safe directory."""
+  directory = runs_dir(create=True)
+  if directory is None:
+    return None
+  path = os.path.join(directory, f"run-{record['pid']}.json")
+  try:
+    _write_json(path, record)
+  except OSError:
+    return None
+  return path
+
+
+def unregister_run(path: str | None) -> None:
+  if path:
+    try:
+      os.unlink(path)
+    except OSError:
+      pass
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def running_runs() -> list[dict[str, Any]]:
+  """Every registered launch of this user that is still running, oldest
+  first; the records of launchers that died are removed."""
+  directory = runs_dir()
+  if directory is None:
+    return []
+  runs = []
+  for name in sorted(os.listdir(directory)):
+    if not (name.startswith("run-") and name.endswith(".json")):
+      continue
+    path = os.path.join(directory, name)
+    record = _read_json(path)
+    if record is None or not isinstance(record.get("pid"), int):
+      continue
+    if not _alive(record["pid"]):
+      unregister_run(path)  # A launcher that was SIGKILLed left it.
+      continue
+    runs.append(record)
+  return sorted(runs, key=lambda r: r.get("started", 0))
+
+
+def request_status(report_dir: str) -> float:
+  """Asks the clients of the run using `report_dir` to publish their status;
+  the request's time (``time.time()``)."""
+  path = os.path.join(report_dir, _REQUEST)
+  with open(path, "a"):
+    pass
+  os.utime(path)
+  return os.stat(path).st_mtime
+
+
+def status_requested(report_dir: str, now: float | None = None) -> bool:
+  """Whether someone asked within `REQUEST_SECONDS` (one ``stat``)."""
+  try:
+    asked = os.stat(os.path.join(report_dir, _REQUEST)).st_mtime
+  except OSError:
+    return False
+  return (time.time() if now is None else now) - asked < REQUEST_SECONDS
+
+
+def write_status(report_dir: str, client: int, record: Mapping[str, Any]) -> None:
+  _write_json(os.path.join(report_dir, f"status-{client}.json"), record)
+
+
+def read_statuses(report_dir: str) -> dict[int, dict[str, Any]]:
+  """The clients' latest answers, by client id."""
+  out: dict[int, dict[str, Any]] = {}
+  try:
+    names = os.listdir(report_dir)
+  except OSError:
+    return out
+  for name in names:
+    if name.startswith("status-") and name.endswith(".json"):
+      record = _read_json(os.path.join(report_dir, name))
+      if record is not None and isinstance(record.get("client"), int):
+        out[record["client"]] = record
+  return out
+
+
+def write_waits(report_dir: str, client: int, shares: Sequence[float],
+                seconds: float) -> None:
+  """A client's record, at its normal end, of how long the others waited for
+  each client over the run (every client holds the same one)."""
+  _write_json(os.path.join(report_dir, f"waits-{client}.json"),
+              {"client": client, "shares": list(shares), "seconds": seconds})
+
+
+def read_waits(report_dir: str) -> dict[str, Any] | None:
+  """The lowest client's waiting record, if any client wrote one."""
+  try:
+    names = sorted(n for n in os.listdir(report_dir)
+                   if n.startswith("waits-") and n.endswith(".json"))
+  except OSError:
+    return None
+  for name in sorted(names, key=lambda n: int(n[6:-5]) if n[6:-5].isdigit() else 0):
+    record = _read_json(os.path.join(report_dir, name))
+    if record is not None and isinstance(record.get("shares"), list):
+      return record
+  return None
+
+
+def wait_summary(record: Mapping[str, Any] | None, uneven: float = 10.0) -> str | None:
+  """The launcher's end-of-run line on waiting, when it was uneven: some
+  client was waited for at least `uneven` percent of the run."""
+  if not record:
+    return None
+  try:
+    shares = [float(s) for s in record["shares"]]
+    seconds = float(record["seconds"])
+  except (KeyError, TypeError, ValueError):
+    return None
+  if len(shares) < 2 or max(shares) < uneven:
+    return None
+  order = sorted(range(len(shares)), key=lambda c: -shares[c])
+  parts = [f"client {c} {shares[c]:.0f}%" for c in order]
+  return (f"jdtensor launch: the clients waited in collectives unevenly over the "
+          f"run ({seconds:.0f} s): share of the run the others waited for each: "
+          + ", ".join(parts))
+
+
+def _duration(seconds: float) -> str:
+  seconds = max(0.0, float(seconds))
+  if seconds < 60:
+    return f"{seconds:.1f} s"
+  if seconds < 3600:
+    return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+  return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
+def _cluster_view(statuses: Mapping[int, Mapping[str, Any]]) -> Mapping[str, Any] | None:
+  """The freshest merged beat any client on this node published."""
+  views = [s for s in statuses.values() if isinstance(s.get("phases"), list)]
+  return max(views, key=lambda s: s.get("beats", 0), default=None)
+
+
+def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, Any]],
+                  now: float | None = None) -> str:
+  """The table `jdtensor status` prints for one run."""
+  now = time.time() if now is None else now
+  command = " ".join(run.get("command", []))
+  if len(command) > 60:
+    command = command[:57] + "..."
+  head = (f"jdtensor launch (pid {run.get('pid')}): {run.get('num_clients')} "
+          f"client(s), `{command}`, up {_duration(now - run.get('started', now))}, "
+          f"restarts {run.get('restarts', 0)}, at {time.strftime('%H:%M:%S', time.localtime(now))}")
+  view = _cluster_view(statuses)
+  if view is None:
+    return head + ("\n(no client has answered yet: is the heartbeat on, and has "
+                   "every client started it?)")
+  n = len(view["phases"])
+  window = view.get("window", 0)
+  rows = [("client", "phase", "for", "where (main thread)", "CPU %", "RSS", "beats",
+           "restarts", "waiting", "waited for")]
+  for c in range(n):
+    own = statuses.get(c, {})
+    phase = PHASE_NAMES.get(int(view["phases"][c]), "?")
+    rss = own.get("rss_mib")
+    rows.append((
+        str(c), phase, _duration(view["seconds"][c]),
+        own.get("where", "(on another node)" if not own else "?"),
+        f"{view['busy'][c]:.0f}", f"{rss:.0f} MiB" if rss is not None else "-",
+        str(own.get("beats", view.get("beats", "-"))),
+        str(own.get("restarts", run.get("restarts", 0))),
+        f"{view['waiting'][c]:.0f}%", f"{view['waited_for'][c]:.0f}%"))
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  right = {0, 4, 5, 6, 7, 8, 9}
+  lines = [head, ""]
+  for r in rows:
+    lines.append("  ".join(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+                           for i, cell in enumerate(r)).rstrip())
+  age = now - max(float(s.get("at", 0)) for s in statuses.values())
+  lines += ["", f"waiting: share of the last {window:g} s each client spent waiting "
+            f"in collectives; waited for: share the others spent waiting for it "
+            f"(straggler above {view.get('threshold', 0):g}%). Beat data {age:.1f} s old."]
+  return "\n".join(lines)

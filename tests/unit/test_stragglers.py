@@ -1,0 +1,236 @@
+"""Stragglers and live status: the waiting ledger, the heartbeat naming a
+straggler on every client, and the files `jdtensor status` reads and prints.
+
+The multi-client test (real processes, `jdtensor launch`, `jdtensor status`)
+is tests/multiprocess/test_status.py.
+"""
+
+import logging
+import os
+import stat
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from jdtensor import _env, _status, heartbeat
+from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
+from jdtensor.heartbeat.stragglers import WaitLedger
+from tests.unit.test_heartbeat_protocol import (Hooks, Recorder, Store, SumExchange,
+                                                ThreadExchange, wait_for)
+
+W, R, J, X = WAITING, RUNNING, IN_JAX, AT_EXIT
+
+
+def feed(ledger, beats):
+  """Adds one beat per phase vector; the new stragglers."""
+  return [c for phases in beats for c in ledger.add(np.array(phases))]
+
+
+def test_the_others_waiting_for_one_client_is_its_share():
+  ledger = WaitLedger(4, window=10, threshold=30, period=1.0)
+  named = feed(ledger, [[W, W, W, R]] * 10)
+  assert named == [3]  # Named once, when the window is full.
+  assert ledger.waited_for().tolist() == [0, 0, 0, 100]
+  assert ledger.waiting().tolist() == [100, 100, 100, 0]
+  assert feed(ledger, [[W, W, W, R]] * 5) == []  # Not again while it stays one.
+
+
+def test_waiting_is_split_among_the_clients_waited_for_and_exit_takes_no_part():
+  ledger = WaitLedger(4, window=4, threshold=30, period=1.0)
+  # Two clients in their own code (one busy in JAX): each gets half of the
+  # two waiters' time; a client at exit neither waits nor is waited for.
+  feed(ledger, [[W, W, R, J], [W, X, R, J], [W, W, R, J], [W, W, R, J]])
+  shares = ledger.waited_for()
+  assert shares[0] == shares[1] == 0
+  assert shares[2] == shares[3] == pytest.approx(100 * (3.5 * 2 / 2) / (3 * 4))
+  assert ledger.run_shares() == pytest.approx(shares.tolist())
+
+
+def test_the_window_is_counted_in_beats():
+  assert WaitLedger(2, window=60, threshold=30, period=2.0).window_beats == 30
+  assert WaitLedger(2, window=1, threshold=30, period=2.0).window_beats == 2
+
+
+def test_below_the_threshold_or_switched_off_nobody_is_named():
+  assert feed(WaitLedger(3, 10, 30, 1.0), [[W, R, R]] * 6 + [[R, R, R]] * 4) == []
+  assert feed(WaitLedger(3, 10, 0, 1.0), [[W, W, R]] * 20) == []  # 0: off.
+  # Before the window is full (set-up, a first compile), nobody either.
+  assert feed(WaitLedger(3, 10, 30, 1.0), [[W, W, R]] * 9) == []
+
+
+def test_a_straggler_is_named_again_only_after_it_recovered():
+  # 100%, then 3 beats of 4 without waiting (25%, below half of 60): re-armed.
+  assert feed(WaitLedger(2, 4, 60, 1.0), [[W, R]] * 4 + [[R, R]] * 3 + [[W, R]] * 4
+              ) == [1, 1]
+  # Only down to 50% (not below 30): still the same episode.
+  assert feed(WaitLedger(2, 4, 60, 1.0), [[W, R]] * 4 + [[R, R]] * 2 + [[W, R]] * 4
+              ) == [1]
+
+
+def cluster(n, phases, window, threshold=30.0, period=0.02, wanted=False):
+  ex = SumExchange(n)
+  store = Store(ex)
+  recorders, hooks = [], []
+  for c in range(n):
+    r = Recorder(f"client{c}.py:{10 + c} work")
+    r.phase = phases[c]
+    recorders.append(r)
+    hooks.append(StatusHooks(wanted))
+  hbs = [heartbeat.Heartbeat(
+      _env.HeartbeatSettings(period=period, policy="log", stuck_timeout=3.0,
+                             straggler_threshold=threshold, straggler_window=window),
+      c, n, exchange=ThreadExchange(ex, store, c), process=hooks[c],
+      recorder=recorders[c]) for c in range(n)]
+  threads = [threading.Thread(target=h.first_exchange) for h in hbs]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(10)
+  return hbs, recorders, hooks
+
+
+class StatusHooks(Hooks):
+  """Records what the heartbeat publishes for `jdtensor status` and the launcher."""
+
+  def __init__(self, wanted):
+    super().__init__()
+    self.wanted, self.statuses, self.waits = wanted, [], []
+
+  def status_wanted(self):
+    return self.wanted
+
+  def publish_status(self, record):
+    self.statuses.append(record)
+
+  def publish_waits(self, shares, seconds):
+    self.waits.append((shares, seconds))
+
+
+def test_every_client_names_the_straggler_once_with_where_it_is(caplog):
+  caplog.set_level(logging.WARNING, logger="jdtensor")
+  hbs, recorders, _ = cluster(4, [W, W, W, R], window=0.3)
+  for h in hbs:
+    h.start_threads()
+  said = None
+  try:
+    assert wait_for(lambda: sum("is a straggler" in r.getMessage()
+                                for r in caplog.records) >= 4, 10), caplog.text
+    time.sleep(0.3)  # Many beats more: still said once per client.
+    said = [r.getMessage() for r in caplog.records if "is a straggler" in r.getMessage()]
+  finally:
+    for h in hbs:
+      h.event.set()
+    assert all(h.stopped.wait(5) for h in hbs)
+  assert len(said) == 4, said
+  # The straggler says it itself; the others fetch where it was.
+  for text in said:
+    assert text == ("heartbeat: client 3 is a straggler: the others waited for it "
+                    "100% of the last 0.3 s (main thread in client3.py:13 work)"), text
+  assert all(h.failure is None for h in hbs)  # Never a verdict.
+
+
+def test_status_is_published_only_when_asked_and_the_waits_at_the_end():
+  hbs, recorders, hooks = cluster(2, [W, R], window=0.2, wanted=True)
+  quiet_hbs, quiet_recorders, quiet_hooks = cluster(2, [W, R], window=0.2, wanted=False)
+  for h in hbs + quiet_hbs:
+    h.start_threads()
+  assert wait_for(lambda: len(hooks[0].statuses) > 20, 10)
+  for r in recorders + quiet_recorders:
+    r.phase, r.at_exit = R, True
+  for h in hbs + quiet_hbs:
+    h.finish()
+  assert all(h.stopped.wait(5) for h in hbs + quiet_hbs)
+  assert not quiet_hooks[0].statuses and not quiet_hooks[1].statuses
+  last = hooks[0].statuses[-1]
+  assert last["client"] == 0 and last["where"] == "client0.py:10 work"
+  assert last["phases"] == [W, R] and last["window"] == 0.2
+  assert last["waiting"][0] == pytest.approx(100, abs=1)
+  assert last["waited_for"][1] == pytest.approx(100, abs=1)
+  # Every client's record of the run: the same shares, said at the agreed end.
+  (shares0, seconds0), = hooks[0].waits
+  (shares1, _), = hooks[1].waits
+  assert shares0 == pytest.approx(shares1, abs=5) and shares0[1] > 90 and seconds0 > 0
+
+
+# -- the files `jdtensor status` reads, and what it prints ---------------------
+
+
+@pytest.fixture
+def runs_home(tmp_path, monkeypatch):
+  monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+  return tmp_path / "jdtensor"
+
+
+def test_runs_are_registered_in_a_private_directory_and_dead_ones_dropped(runs_home):
+  path = _status.register_run({"pid": os.getpid(), "report_dir": "/x", "started": 1.0})
+  assert stat.S_IMODE(os.stat(runs_home).st_mode) == 0o700
+  assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+  dead = _status.register_run({"pid": 2**22 + 12345, "report_dir": "/y", "started": 0})
+  assert [r["report_dir"] for r in _status.running_runs()] == ["/x"]
+  assert not os.path.exists(dead)  # A launcher that was SIGKILLed left it.
+  _status.unregister_run(path)
+  assert _status.running_runs() == []
+
+
+def test_a_directory_open_to_others_is_never_used(runs_home):
+  runs_home.mkdir(mode=0o777)
+  os.chmod(runs_home, 0o777)
+  assert _status.register_run({"pid": os.getpid(), "report_dir": "/x"}) is None
+  assert _status.running_runs() == []
+
+
+def test_a_request_is_answered_for_a_while_then_not(tmp_path):
+  assert not _status.status_requested(str(tmp_path))
+  asked = _status.request_status(str(tmp_path))
+  assert _status.status_requested(str(tmp_path))
+  assert not _status.status_requested(str(tmp_path), now=asked + _status.REQUEST_SECONDS)
+
+
+RUN = {"pid": 4242, "command": ["python", "train.py"], "num_clients": 4,
+       "client_ids": [0, 1, 2, 3], "restarts": 0, "started": 1000.0}
+VIEW = {"beats": 36, "phases": [W, W, W, R], "seconds": [0, 0, 1, 2],
+        "busy": [3, 4, 3, 2], "waiting": [71.0, 70.0, 72.0, 0.0],
+        "waited_for": [0.0, 0.0, 0.0, 71.0], "window": 60.0, "threshold": 30.0}
+
+
+def test_the_status_table_one_row_per_client():
+  statuses = {c: {**VIEW, "client": c, "where": f"train.py:{50 + c} step",
+                  "rss_mib": 400.0 + c, "restarts": 0, "at": 1071.5} for c in (0, 1, 2)}
+  statuses[3] = {**VIEW, "client": 3, "where": "data.py:88 next_batch <- train.py:49 main",
+                 "rss_mib": 405.2, "restarts": 0, "at": 1071.0}
+  text = _status.format_status(RUN, statuses, now=1072.0)
+  lines = text.splitlines()
+  assert lines[0].startswith("jdtensor launch (pid 4242): 4 client(s), `python train.py`, "
+                             "up 1 min 12 s, restarts 0, at ")
+  assert lines[2].split() == ["client", "phase", "for", "where", "(main", "thread)",
+                              "CPU", "%", "RSS", "beats", "restarts", "waiting",
+                              "waited", "for"]
+  assert lines[3].split() == ["0", "collective", "0.0", "s", "train.py:50", "step",
+                              "3", "400", "MiB", "36", "0", "71%", "0%"]
+  assert lines[6].split() == ["3", "own", "code", "2.0", "s", "data.py:88", "next_batch",
+                              "<-", "train.py:49", "main", "2", "405", "MiB", "36", "0",
+                              "0%", "71%"]
+  assert lines[-1] == ("waiting: share of the last 60 s each client spent waiting in "
+                       "collectives; waited for: share the others spent waiting for it "
+                       "(straggler above 30%). Beat data 0.5 s old.")
+
+
+def test_clients_on_other_nodes_come_from_the_merged_beat():
+  statuses = {0: {**VIEW, "client": 0, "where": "train.py:50 step", "rss_mib": 400.0,
+                  "at": 1071.5}}
+  text = _status.format_status({**RUN, "client_ids": [0, 1]}, statuses, now=1072.0)
+  row = text.splitlines()[5].split()
+  assert row[:4] == ["2", "collective", "1.0", "s"] and "(on another node)" in text
+  assert "no client has answered yet" in _status.format_status(RUN, {}, now=1072.0)
+
+
+def test_the_launchers_line_on_uneven_waiting():
+  assert _status.wait_summary({"shares": [1.0, 0.5, 2.0, 41.2], "seconds": 300.4}) == (
+      "jdtensor launch: the clients waited in collectives unevenly over the run "
+      "(300 s): share of the run the others waited for each: client 3 41%, client 2 "
+      "2%, client 0 1%, client 1 0%")
+  assert _status.wait_summary({"shares": [3.0, 2.0, 9.9], "seconds": 10}) is None
+  assert _status.wait_summary(None) is None
+  assert _status.wait_summary({"shares": "bad"}) is None
