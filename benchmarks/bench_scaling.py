@@ -30,7 +30,6 @@ import argparse
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,23 +40,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks._timing import machine  # noqa: E402
-from benchmarks.bench_startup_cpu import _CACHED, CLIENT  # noqa: E402
+from benchmarks.bench_startup_cpu import _CACHED, CLIENT, free_ports  # noqa: E402
 
 PY = sys.executable
 TF_PY = os.environ.get("JDTENSOR_BENCH_TF_PYTHON")
 TF = os.path.join(ROOT, "benchmarks", "_tf_client.py")
 IDLE = os.path.join(ROOT, "benchmarks", "_client.py")
 RUN_SECRET = "bench-scaling-secret-0123456789"
-
-
-def _free_ports(n: int) -> list[int]:
-  socks = [socket.socket() for _ in range(n)]
-  for s in socks:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in socks]
-  for s in socks:
-    s.close()
-  return ports
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
@@ -123,7 +112,7 @@ def cold_start_by_hand(argv: list[str], n: int, extra: dict[str, str],
   does. `exit_errors_ok`: a client may fail after its psum (TF DTensor's
   clients, at 16: client 0's exit ends the coordination service while the
   others still leave its barrier)."""
-  jobs = ",".join(f"localhost:{p}" for p in _free_ports(n))
+  jobs = ",".join(f"localhost:{p}" for p in free_ports(n))
   start, procs = time.time(), []
   for c in range(n):
     env = _env({"DTENSOR_JOBS": jobs, "DTENSOR_CLIENT_ID": str(c),
@@ -149,7 +138,7 @@ def cold_start_launch(n: int, extra: dict[str, str]) -> Run:
 def detection(n: int) -> float:
   """Seconds from SIGKILL of the last of n idle jdtensor clients to the last
   survivor's exit (heartbeat period 1 s)."""
-  jobs = ",".join(f"localhost:{p}" for p in _free_ports(n))
+  jobs = ",".join(f"localhost:{p}" for p in free_ports(n))
   procs = [subprocess.Popen(
       [PY, IDLE, "wait_to_be_killed"],
       env=_env({"DTENSOR_JOBS": jobs, "DTENSOR_CLIENT_ID": str(c),

@@ -148,6 +148,9 @@ class _ClientProcess(ProcessHooks):
       except OSError:
         pass
 
+  def on_failure(self, error: PeerFailureError) -> None:
+    runtime.record_peer_failure(error)
+
 
 def _rss_mib() -> float | None:
   """This process's resident memory, MiB (Linux; None elsewhere)."""
@@ -156,9 +159,6 @@ def _rss_mib() -> float | None:
       return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
   except (OSError, ValueError, IndexError):
     return None
-
-  def on_failure(self, error: PeerFailureError) -> None:
-    runtime.record_peer_failure(error)
 
 
 def _live_arrays() -> Any:

@@ -336,6 +336,6 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
     shutil.rmtree(sup.report_dir, ignore_errors=True)
   if result.reason and not quiet:
     sup.output.line(result.reason)
-  if waits and not quiet:
+  if waits:  # Not the caller's to word (`quiet` is for the summary line).
     sup.output.line(waits)
   return result

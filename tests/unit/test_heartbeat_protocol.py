@@ -186,6 +186,15 @@ class Recorder:
     return self._where
 
 
+def first_exchanges(hbs):
+  """Runs every client's first exchange together (it is collective)."""
+  threads = [threading.Thread(target=h.first_exchange) for h in hbs]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(10)
+
+
 def make_cluster(n, period=0.02, policy="log", stuck_timeout=3.0, **kwargs):
   ex = SumExchange(n)
   store = Store(ex)
@@ -195,11 +204,7 @@ def make_cluster(n, period=0.02, policy="log", stuck_timeout=3.0, **kwargs):
       settings(period, policy, stuck_timeout=stuck_timeout, **kwargs), c, n,
       exchange=ThreadExchange(ex, store, c), process=Hooks(exits),
       recorder=recorders[c]) for c in range(n)]
-  threads = [threading.Thread(target=h.first_exchange) for h in hbs]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(10)
+  first_exchanges(hbs)
   return ex, hbs, exits, recorders
 
 
@@ -254,11 +259,7 @@ def test_the_agreed_end_comes_at_once_after_the_last_client_finishes():
   hbs = [heartbeat.Heartbeat(settings(1.0, "terminate"), c, 2,
                              exchange=ThreadExchange(ex, Store(ex), c),
                              process=Hooks(), recorder=recorders[c]) for c in range(2)]
-  threads = [threading.Thread(target=h.first_exchange) for h in hbs]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(10)
+  first_exchanges(hbs)
   for h in hbs:
     h.start_threads()
   recorders[0].at_exit = True

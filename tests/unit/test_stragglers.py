@@ -8,7 +8,6 @@ is tests/multiprocess/test_status.py.
 import logging
 import os
 import stat
-import threading
 import time
 
 import numpy as np
@@ -18,7 +17,8 @@ from jdtensor import _env, _status, heartbeat
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 from tests.unit.test_heartbeat_protocol import (Hooks, Recorder, Store, SumExchange,
-                                                ThreadExchange, wait_for)
+                                                ThreadExchange, first_exchanges,
+                                                wait_for)
 
 W, R, J, X = WAITING, RUNNING, IN_JAX, AT_EXIT
 
@@ -83,11 +83,7 @@ def cluster(n, phases, window, threshold=30.0, period=0.02, wanted=False):
                              straggler_threshold=threshold, straggler_window=window),
       c, n, exchange=ThreadExchange(ex, store, c), process=hooks[c],
       recorder=recorders[c]) for c in range(n)]
-  threads = [threading.Thread(target=h.first_exchange) for h in hbs]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(10)
+  first_exchanges(hbs)
   return hbs, recorders, hooks
 
 
