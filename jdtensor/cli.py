@@ -240,8 +240,12 @@ def _status_command(args: argparse.Namespace) -> int:
       which = f" with launcher pid {args.pid}" if args.pid else ""
       return (f"jdtensor status: no `jdtensor launch`{which} is running for this "
               "user on this machine (on several nodes, run it on node 0).", False)
-    asked = {r["report_dir"]: _status.request_status(r["report_dir"]) for r in runs
-             if os.path.isdir(r.get("report_dir", ""))}
+    asked = {}
+    for r in runs:
+      try:
+        asked[r["report_dir"]] = _status.request_status(r["report_dir"])
+      except (OSError, KeyError, TypeError):
+        pass  # That attempt just ended (its directory is gone): shown unanswered.
     deadline = time.monotonic() + wait
     while True:  # Until every local client answered since the request.
       answers = {d: _status.read_statuses(d) for d in asked}
