@@ -44,7 +44,7 @@ import numpy as np
 from jdtensor import _logging as logging
 from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
-from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
+from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor._report import REPORTED_BY
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE, PeerFailureError
@@ -359,10 +359,13 @@ class Heartbeat:
   # -- waiting and stragglers (never a verdict) ---------------------------------
 
   def _count_waits(self, phases: np.ndarray) -> None:
-    """Adds this beat to the waiting ledger (once every client has joined a
-    collective: set-up is not waiting) and names new stragglers."""
+    """Adds this beat to the waiting ledger and names new stragglers. It
+    starts at the first beat with a client waiting in a collective it has
+    joined (before that, the clients are still setting up; a straggler in its
+    own code at every beat is never asked whether it joined)."""
     if self._waits_since is None:
-      if not bool(np.all(self.cluster_joined)):
+      joined = self.cluster_joined
+      if joined is None or not bool(np.any(joined & (phases == WAITING))):
         return
       self._waits_since = self._clock()
     for client in self.waits.add(phases):
@@ -402,13 +405,14 @@ class Heartbeat:
 
   def _joined(self, phase: int, seconds: float) -> bool:
     """Whether this client has joined a collective (set-up is over); asked
-    of `joined_collective` at each beat until true, never again after. (A
-    straggler may be in its own code at every beat: the waiting ledger
-    starts once every client has joined, and must not wait for a sample in
-    JAX.)"""
+    of `joined_collective` only while it could be a staller, and never again
+    once true. (Not at every beat: the question runs jaxlib code on a helper
+    thread, and a program that forks while it runs hands its child a held
+    lock.)"""
     if self._has_joined:
       return True
-    if phase != AT_EXIT:
+    if phase in (IN_JAX, WAITING) or (self.stall_timeout > 0 and phase == RUNNING
+                                      and seconds >= self.stall_timeout / 2):
       self._has_joined = bool(self._joined_collective())
     return self._has_joined
 
