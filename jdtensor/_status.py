@@ -188,11 +188,11 @@ def write_waits(report_dir: str, client: int, shares: Sequence[float],
 def read_waits(report_dir: str) -> dict[str, Any] | None:
   """The lowest client's waiting record, if any client wrote one."""
   try:
-    names = sorted(n for n in os.listdir(report_dir)
-                   if n.startswith("waits-") and n.endswith(".json"))
+    names = [n for n in os.listdir(report_dir)
+             if n.startswith("waits-") and n.endswith(".json") and n[6:-5].isdigit()]
   except OSError:
     return None
-  for name in sorted(names, key=lambda n: int(n[6:-5]) if n[6:-5].isdigit() else 0):
+  for name in sorted(names, key=lambda n: int(n[6:-5])):
     record = _read_json(os.path.join(report_dir, name))
     if record is not None and isinstance(record.get("shares"), list):
       return record

@@ -230,3 +230,12 @@ def test_the_launchers_line_on_uneven_waiting():
   assert _status.wait_summary({"shares": [3.0, 2.0, 9.9], "seconds": 10}) is None
   assert _status.wait_summary(None) is None
   assert _status.wait_summary({"shares": "bad"}) is None
+
+
+def test_the_launcher_reads_the_lowest_clients_record_of_the_run(tmp_path):
+  _status.write_waits(str(tmp_path), 10, [1.0, 2.0], 5.0)
+  _status.write_waits(str(tmp_path), 2, [3.0, 4.0], 6.0)
+  (tmp_path / "waits-x.json").write_text("{}")  # Not a client's: ignored.
+  assert _status.read_waits(str(tmp_path)) == {"client": 2, "shares": [3.0, 4.0],
+                                               "seconds": 6.0}
+  assert _status.read_waits(str(tmp_path / "gone")) is None
