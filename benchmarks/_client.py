@@ -30,7 +30,7 @@ def psum_loop(seconds: float) -> None:
                                mesh=mesh.jax_mesh, in_specs=P("all"),
                                out_specs=P("all")))
   # Wait on every step: with dozens of cross-process CPU collectives in flight,
-  # JAX 0.10.2 can deadlock (reproduced with raw JAX; see README, known limits).
+  # JAX 0.10.2 can deadlock (reproduced with raw JAX; see docs/guides/limits.md).
   for _ in range(50):  # Warm up: compile, gloo contexts.
     x = step(x).block_until_ready()
   jdtensor.barrier(mesh, "start", timeout_in_ms=60_000)

@@ -5,7 +5,7 @@ These are not API: a jaxlib that rewords one makes the code that matches it
 silently stop matching. So each is named here, with what reads it and the
 test that produces the real text on the installed JAX (`PROBES`); the
 private-JAX module (`jdtensor.runtime.jax_private`) lists them beside its
-symbol table, and README's "Testing a new JAX" runs those tests.
+symbol table, and CONTRIBUTING.md's "Testing a new JAX" runs those tests.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 PURE: importing this module never imports jax. The JAX conversions
 (`Mesh.jax_mesh`, `Mesh.from_jax_mesh`, `Layout.to_jax_sharding`,
 `Layout.from_jax_sharding`) call down into `jdtensor.runtime.interop` when called:
-the one sanctioned upward import in the layer table (README, Architecture),
+the one sanctioned upward import in the layer table (docs/guides/architecture.md),
 which never imports this module back.
 
 Constructor checks, string formats and messages follow TF DTensor 2.21

@@ -6,14 +6,18 @@
 #    `runtime/jax_private.TESTED_RANGE`): the pure, single-process and start-up
 #    tests, and the multi-client tests that touch each private JAX symbol
 #    (start-up, the heartbeat and its private runtime, failure verdicts,
-#    JAX's own view). The full suite passes there too (measured; see README,
+#    JAX's own view). The full suite passes there too (measured; see CONTRIBUTING.md,
 #    "Supported JAX versions"), but twice the full suite would not fit CI's
 #    30 minutes on 2 cores.
 # 2. The integration extra (flax, optax, orbax, Keras 3, grain: never
 #    jdtensor's dependencies): tests/integration, and test_invisible.py's
 #    orbax checkpoint test.
+# 3. The docs extra (Sphinx, MyST, the theme): the documentation site built
+#    with warnings as errors (a broken link, a missing include, a docstring
+#    Sphinx cannot read fail it). The examples the pages show run in the
+#    main suite (tests/test_docs.py).
 #
-# Usage: bash tests/other_envs.sh [oldest|integration]... (default: both).
+# Usage: bash tests/other_envs.sh [oldest|integration|docs]... (default: all three).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLDEST_JAX=$(python - <<'EOF'
@@ -57,12 +61,22 @@ run_integration() {
   echo "+ integration: $((SECONDS - start)) s"
 }
 
-for part in "${@:-oldest integration}"; do
+run_docs() {
+  local start=$SECONDS
+  echo "+ the docs extra: sphinx-build -W (warnings are errors)"
+  make_env docs -e '.[docs]'
+  rm -rf "$ROOT/docs-html"
+  "$ROOT/docs/bin/sphinx-build" -W --keep-going -q -b html docs "$ROOT/docs-html"
+  echo "+ docs: built in $ROOT/docs-html, $((SECONDS - start)) s"
+}
+
+for part in "${@:-oldest integration docs}"; do
   for p in $part; do
     case "$p" in
       oldest) run_oldest ;;
       integration) run_integration ;;
-      *) echo "tests/other_envs.sh: unknown part '$p' (oldest, integration)" >&2; exit 2 ;;
+      docs) run_docs ;;
+      *) echo "tests/other_envs.sh: unknown part '$p' (oldest, integration, docs)" >&2; exit 2 ;;
     esac
   done
 done

@@ -90,7 +90,8 @@ def _all_imports(tree):
 
 @pytest.mark.parametrize("module", MODULES)
 def test_private_jax_api_lives_in_one_module(module):
-  """jax._src and jaxlib are touched only by runtime.jax_private (README, "Testing a
+  """jax._src and jaxlib are touched only by runtime.jax_private
+  (CONTRIBUTING.md, "Testing a
   new JAX"), and nobody imports that module at module level."""
   tree = ast.parse((PACKAGE / module).read_text())
   private = {n for n in set(_all_imports(tree)) | set(_dotted_names(tree))
@@ -153,7 +154,7 @@ def test_bad_env_errors_do_not_start_a_backend():
           "process's index in DTENSOR_JOBS (0 for the first).") in result.stdout
 
 
-# -- the layer table (README, "Architecture") --------------------------------------
+# -- the layer table (docs/guides/architecture.md) --------------------------------------
 #
 # A module may import (at module level or inside a function) only modules of
 # its own layer or below, and nothing may form a cycle. One import goes up, on
@@ -248,7 +249,7 @@ def _import_graph():
 
 def test_every_module_has_a_layer():
   missing = sorted(set(_import_graph()) - set(LAYER_OF))
-  assert not missing, f"put {missing} in LAYERS (and README, Architecture)"
+  assert not missing, f"put {missing} in LAYERS (and docs/guides/architecture.md)"
 
 
 def test_imports_only_go_down_the_layers():
@@ -341,7 +342,7 @@ def test_the_tested_jax_range_is_pinned_once():
 
 def test_every_jaxlib_text_has_a_probe_that_exists():
   """Each jaxlib text jdtensor matches on names the test that produces it on
-  the installed JAX (README, "Testing a new JAX"), and that test exists; the
+  the installed JAX (CONTRIBUTING.md, "Testing a new JAX"), and that test exists; the
   private-JAX module lists every text beside its symbols."""
   from jdtensor import _jaxlib_texts  # pylint: disable=g-import-not-at-top
   texts = [n for n in _jaxlib_texts.__all__ if n != "PROBES"]

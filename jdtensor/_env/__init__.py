@@ -13,7 +13,7 @@ tests pass a dict instead of patching the process environment, and callers
 read the environment at call time, as TF DTensor does (users commonly set
 ``DTENSOR_*`` in-process before initialising).
 
-Differences from TF DTensor 2.21 (deliberate fixes, see README "Differences"):
+Differences from TF DTensor 2.21 (deliberate fixes, see docs/guides/from_tf_dtensor.md):
 
 * ``DTENSOR_JOBS`` entries are stripped; empty entries and entries that are
   not ``host:port`` (port 1..65535) or a ``/bns/`` address are rejected, as are

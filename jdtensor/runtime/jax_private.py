@@ -8,7 +8,7 @@ all four, so they live here, behind small functions, and nowhere else.
 
 Tested range: jax and jaxlib `TESTED_RANGE` (``pyproject.toml`` pins the
 same; CI runs the suite on the oldest and the newest). On a JAX upgrade, run
-the multi-process tests (README, "Testing a new JAX").
+the multi-process tests (CONTRIBUTING.md, "Testing a new JAX").
 
 Importing this module imports jax; only runtime code imports it, lazily.
 Each symbol is looked up once, here, at import. What is missing is listed in

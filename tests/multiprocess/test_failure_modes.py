@@ -90,7 +90,7 @@ def test_a_sigkill_mid_collective_is_the_root_cause_not_the_peers_gloo_error(pol
     elif policy == "terminate":
       assert res.returncodes[c] in (heartbeat.EXIT_CODE, -15), (res.returncodes, err)
     # Under "raise", a client still blocked in the psum (gloo reported nothing
-    # to it) is stopped by the launcher: README, Known limits.
+    # to it) is stopped by the launcher: docs/guides/limits.md.
   if policy == "raise":
     assert hit, err  # The race this test is about did happen.
 

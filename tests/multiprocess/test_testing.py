@@ -162,16 +162,3 @@ def test_the_timeout_option_and_bad_values():
                                    "test_marker_form", timeout=60)
   outcome, _, text = outcomes["test_marker_form"]
   assert outcome == "failure" and "timed out after 0.5 s" in text.splitlines()[0], out
-
-
-def test_the_readme_example_passes(tmp_path):
-  """The README's example test file, as a user copies it."""
-  text = open(os.path.join(REPO, "README.md")).read()
-  section = text[text.index("## Testing your multi-client code"):]
-  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-  path = tmp_path / "test_psum.py"
-  path.write_text(code)
-  code, outcomes, out = run_pytest(str(path), "--jdtensor-timeout=300",
-                                   timeout=300)
-  assert code == 0 and len(outcomes) == 5, out
-  assert all(v[0] == "passed" for v in outcomes.values()), out

@@ -3,8 +3,8 @@ parameters in jdtensor: names, order, kinds and defaults.
 
 The table is copied from ../shared/reference/tf_dtensor_api.md (made with
 inspect.signature from tensorflow-cpu 2.21.0), annotations dropped. Names TF
-has and jdtensor does not are listed, with the reason, in README ("API:
-DTensor -> jdtensor -> plain JAX").
+has and jdtensor does not are listed, with the reason, in
+docs/guides/from_tf_dtensor.md ("API: DTensor -> jdtensor -> plain JAX").
 """
 
 import inspect
@@ -68,7 +68,7 @@ TF_221 = {
     "unpack": "tensor",
 }
 
-# TF names jdtensor does not provide (README says why): TF graph and
+# TF names jdtensor does not provide (docs/guides/from_tf_dtensor.md says why): TF graph and
 # checkpoint machinery with no JAX counterpart.
 ABSENT = {"DTensorCheckpoint", "DTensorDataset", "DVariable", "enable_save_as_bf16",
           "name_based_restore", "name_based_save", "sharded_save"}
@@ -125,8 +125,9 @@ def test_every_tf_name_is_present_or_listed_as_absent():
     assert name in jdtensor.__all__, name
 
 
-def test_readme_lists_every_absent_name_with_a_reason():
+def test_the_docs_list_every_absent_name_with_a_reason():
   import pathlib
-  readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+  page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "guides"
+            / "from_tf_dtensor.md").read_text()
   for name in ABSENT:
-    assert f"`{name}`" in readme, name
+    assert f"`{name}`" in page, name
