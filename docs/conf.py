@@ -20,7 +20,7 @@ extensions = [
     "sphinx.ext.viewcode",
 ]
 source_suffix = {".md": "markdown"}
-exclude_patterns = ["_build", "examples/README.md"]
+exclude_patterns = ["_build"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3  # `[text](page.md#a-heading)` links resolve.
 

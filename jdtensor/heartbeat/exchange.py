@@ -48,6 +48,7 @@ class PrivateExchange(Exchange):
     self.runtime: Any = None
 
   def open(self) -> None:
+    """Starts (client 0) or joins the private coordination service."""
     from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
     host, port, reserved = self._service
     # No time-out of its own: jdtensor's watchdog bounds the first exchange,
@@ -58,6 +59,7 @@ class PrivateExchange(Exchange):
         shutdown_timeout=self.close_timeout)
 
   def all_reduce(self, row: np.ndarray) -> np.ndarray:
+    """The sum of every client's row: one beat."""
     return self.runtime.all_reduce(row)
 
   def _store(self, private: bool) -> Any:
@@ -123,6 +125,7 @@ class PrivateExchange(Exchange):
     return True if joined is None else joined
 
   def close(self, timeout: float) -> bool:
+    """Tears the private runtime down; False if it did not end in time."""
     return self.runtime.close(timeout) if self.runtime is not None else True
 
 

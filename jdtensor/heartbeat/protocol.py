@@ -681,11 +681,13 @@ class Heartbeat:
     self._fail(f"heartbeat: client {client} {why}", [client])
 
   def peer_notice(self, client: int, text: str) -> None:
+    """Logs what another client said that is not a verdict."""
     logging.warning("client %d: %s", client, text)
 
   # -- lifecycle ----------------------------------------------------------------
 
   def start_threads(self) -> None:
+    """Starts the beat thread and, with an exchange, the watchdog."""
     targets = [(self._run, "jdtensor-heartbeat")]
     if self._exchange is not None:
       targets.append((self._watch, "jdtensor-heartbeat-watchdog"))

@@ -48,6 +48,7 @@ class CoreLocation(NamedTuple):
   core: int = 0
 
   def to_list(self) -> list[int]:
+    """``[x, y, z, core]``, DTensor's order."""
     return [self.x, self.y, self.z, self.core]
 
 
