@@ -7,7 +7,7 @@ PURE: standard library only.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from jdtensor._env.names import (DTENSOR_CLIENT_ID, DTENSOR_ENABLE_HEARTBEAT,
                                  DTENSOR_GPU_USE_NCCL_COMMUNICATION, DTENSOR_JOBS,
@@ -225,8 +225,7 @@ def _job_name(env: Mapping[str, str], n: int) -> str:
   return raw
 
 
-@dataclass(frozen=True)
-class ClusterEnv:
+class ClusterEnv(NamedTuple):
   """A validated snapshot of the cluster variables, taken once at init.
 
   Attributes:

@@ -6,7 +6,7 @@ PURE: standard library only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from jdtensor._env.names import (JDTENSOR_COORDINATION_TIMEOUT,
                                  JDTENSOR_HEARTBEAT_PERIOD, JDTENSOR_HEARTBEAT_POLICY,
@@ -24,8 +24,7 @@ HEARTBEAT_POLICIES = ("terminate", "raise", "log")
 _PERIOD_RANGE = (0.01, 3600.0)
 
 
-@dataclass(frozen=True)
-class HeartbeatSettings:
+class HeartbeatSettings(NamedTuple):
   """The heartbeat's settings; every client must have the same.
 
   Attributes:

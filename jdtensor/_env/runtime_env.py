@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from jdtensor._env.names import (CUDA_VISIBLE_DEVICES, JAX_NUM_CPU_DEVICES,
                                  JDTENSOR_COORDINATION_TIMEOUT,
@@ -31,8 +31,7 @@ __all__ = ["Timeouts", "cpu_device_count_setting", "read_bind_override",
 _DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 
-@dataclass(frozen=True)
-class Timeouts:
+class Timeouts(NamedTuple):
   """Multi-client start-up and runtime time-outs, in seconds.
 
   Attributes:

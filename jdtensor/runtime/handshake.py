@@ -10,7 +10,6 @@ import hashlib
 import re
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from jdtensor._wire import encode, split_host_port
@@ -131,8 +130,7 @@ def reserve_port(host: str) -> socket.socket:
   return sock
 
 
-@dataclass
-class Meeting:
+class Meeting(NamedTuple):
   """What the rendezvous leaves behind.
 
   Attributes:

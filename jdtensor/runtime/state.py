@@ -11,8 +11,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jdtensor import _env, _wire
 from jdtensor import _logging as logging
@@ -33,7 +33,6 @@ __all__ = ["Runtime", "RuntimeState", "StartupPlan", "PLATFORMS",
 PLATFORMS = {t: t.lower() for t in DEVICE_TYPES}
 
 
-@dataclass
 class RuntimeState:
   """What `initialize` set up. Read it with `state()`; never assign to it.
 
@@ -59,18 +58,24 @@ class RuntimeState:
   device_type: str | None = None
   env: _env.ClusterEnv | None = None
   multi_client: bool = False
-  timeouts: _env.Timeouts = field(default_factory=_env.Timeouts)
+  timeouts: _env.Timeouts = _env.Timeouts()
   init_seconds: float = 0.0
   simulated_tpu: SimulatedTopology | None = None
   tpu_topology: Topology | None = None
-  tpu_meshes: dict[str, list[Any]] = field(default_factory=dict)
+  tpu_meshes: dict[str, list[Any]]
   auto_mesh_names: int = 0
   peer_failure: Exception | None = None
   links: Links | None = None
   heartbeat_port: int | None = None
   heartbeat_socket: Any = None
   gloo_host: str | None = None
-  _device_table: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
+  _device_table: dict[tuple[str, int], list[Any]]
+
+  # A plain class, not a dataclass: a dataclass costs a client about 1 ms
+  # to create at import, on every client's start-up (issue #23).
+  def __init__(self) -> None:
+    self.tpu_meshes = {}
+    self._device_table = {}
 
 
 
@@ -88,8 +93,7 @@ def _group(devices: list[Any], device_type: str) -> dict[tuple[str, int], list[A
   return table
 
 
-@dataclass(frozen=True)
-class StartupPlan:
+class StartupPlan(NamedTuple):
   """What `initialize` starts, resolved and checked by the caller
   (`jdtensor.accelerator`) from its arguments and the environment.
 
@@ -117,7 +121,7 @@ class StartupPlan:
   local_devices: int = 1
   bind: tuple[str | None, int | None] = (None, None)
   secret: str | None = None
-  agreed: Mapping[str, object] = field(default_factory=dict)
+  agreed: Mapping[str, object] = MappingProxyType({})
   simulated_tpu: SimulatedTopology | None = None
 
 
