@@ -25,7 +25,7 @@ DOCS = pathlib.Path(REPO) / "docs"
 EXAMPLES = DOCS / "examples"
 README = pathlib.Path(REPO) / "README.md"
 PAGES = sorted(DOCS.rglob("*.md")) + [pathlib.Path(REPO) / "CONTRIBUTING.md"]
-INCLUDE = re.compile(r"```\{literalinclude\} ([^\s`]+)")
+INCLUDE = re.compile(r"```\{literalinclude\} ([^\s`]+)\n((?::[\w-]+:.*\n)*)")
 
 
 def _examples() -> list[pathlib.Path]:
@@ -69,10 +69,15 @@ def test_every_python_example_in_the_docs_is_an_included_file():
     assert not re.search(r"^```(python|py|\{code-block\} python)\s*$", text, re.M), (
         f"{page.relative_to(REPO)}: put the example in docs/examples/ and "
         "include it with {literalinclude}")
-    for target in INCLUDE.findall(text):
+    for target, options in INCLUDE.findall(text):
       path = (page.parent / target).resolve()
       assert path.is_file(), f"{page.relative_to(REPO)} includes {target}, which is missing"
       included.add(path)
+      source = path.read_text()
+      for option, value in re.findall(r"^:([\w-]+): (.*)$", options, re.M):
+        marker = f"def {value}(" if option == "pyobject" else value
+        assert option == "language" or marker in source, (
+            f"{page.relative_to(REPO)}: {target} has no {marker!r} (:{option}:)")
   orphans = [p.name for p in _examples() if p.resolve() not in included]
   assert not orphans, f"examples no page shows: {orphans}"
 

@@ -2,17 +2,15 @@
 
 Run: jdtensor launch -n 3 --grace 5 -- python failure.py
 Exit: 1
-Expect: [client 0] heartbeat: client 1 failed: ZeroDivisionError: float division by zero (failure.py:22 in step); stopping this client
-Expect: jdtensor launch: client 1 exited with code 1: ZeroDivisionError: float division by zero (failure.py:22 in step); stopped clients none
+Expect: [client 0] heartbeat: client 1 failed: ZeroDivisionError: float division by zero (failure.py:20 in step); stopping this client
+Expect: jdtensor launch: client 1 exited with code 1: ZeroDivisionError: float division by zero (failure.py:20 in step); stopped clients none
 """
-import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
 import jdtensor
 
 jdtensor.initialize_accelerator_system("CPU")
-mesh = jax.make_mesh((jax.device_count(),), ("clients",))
 
 
 def step(i: int) -> float:

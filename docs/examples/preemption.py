@@ -14,22 +14,22 @@ import os
 import signal
 import sys
 import tempfile
+import time
 
-import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
 import jdtensor
 
 jdtensor.initialize_accelerator_system("CPU")
-mesh = jax.make_mesh((jax.device_count(),), ("clients",))
 state = np.zeros(4, np.float32)
 checkpoints = os.environ.get("CHECKPOINTS", tempfile.gettempdir())
 
-for step in range(1000):
+for step in range(10_000):
   if jdtensor.client_id() == 1 and step == 5:
     os.kill(os.getpid(), signal.SIGTERM)  # The eviction.
   state += multihost_utils.process_allgather(np.float32(step)).sum()
+  time.sleep(0.01)  # The rest of a training step.
   if multihost_utils.reached_preemption_sync_point(step):
     path = os.path.join(checkpoints, f"client-{jdtensor.client_id()}-step-{step}.npy")
     np.save(path, state)  # A real job saves with orbax here.
