@@ -344,19 +344,34 @@ def _leave(departure: Departure) -> bool:
   if hb.failure is not None or hb.stopped.is_set():
     return hb.failure is None and hb.closed_cleanly is not False
   hb.finish()
-  # Late is not dead: a client that finishes long after the others (a final
-  # save) is waited for as long as it is alive and beating; the heartbeat
-  # itself ends the wait (the agreed end, or a verdict on the late client).
-  if not hb.stopped.wait(state.timeouts.shutdown):
-    others = ([c for c, p in enumerate(hb.cluster[0]) if p != AT_EXIT]
-              if hb.cluster is not None else [])
-    logging.warning("jdtensor: client %d ended its script; waiting for client%s %s, "
-                    "still running and beating, to end theirs.", me,
-                    "s" if len(others) != 1 else "", ", ".join(map(str, others)) or "?")
-    while not hb.stopped.wait(hb.period):
-      if not hb.running():
-        return False
+  if not _wait_for_the_agreed_end(hb, state.timeouts.shutdown, me):
+    return False
   return hb.failure is None and hb.closed_cleanly is not False
+
+
+def _wait_for_the_agreed_end(hb: Heartbeat, patience: float, me: int) -> bool:
+  """Waits until the heartbeat has ended (the agreed end and its teardown, or
+  a verdict); False if its thread is gone without ending it.
+
+  Late is not dead: a client that finishes long after the others (a final
+  save) is waited for as long as it is alive and beating; past `patience`
+  (the shutdown time-out) this client says once whom it waits for.
+  """
+  if hb.stopped.wait(patience):
+    return True
+  others = ([c for c, p in enumerate(hb.cluster[0]) if p != AT_EXIT]
+            if hb.cluster is not None else [])
+  logging.warning("jdtensor: client %d ended its script; waiting for client%s %s, "
+                  "still running and beating, to end theirs.", me,
+                  "s" if len(others) != 1 else "", ", ".join(map(str, others)) or "?")
+  while not hb.stopped.wait(hb.period):
+    # The thread sets `stopped` before it ends: one that ended between the
+    # wait and this check has ended the heartbeat (seen once in CI: a client
+    # that took this for a lost heartbeat skipped JAX's shutdown barrier,
+    # and the others' barrier aborted them).
+    if not hb.running() and not hb.stopped.is_set():
+      return False
+  return True
 
 
 _guard: ExitGuard | None = None

@@ -54,7 +54,7 @@ def test_a_staller_is_named_within_the_stall_timeout_plus_two_periods(devices, r
   stall = 4
   res, out, err, after = run(devices, "stall", bad=2, READ=read,
                              JDTENSOR_STALL_TIMEOUT=str(stall))
-  assert after is not None and after < stall + 2 * PERIOD + 4, (after, err)
+  assert after is not None and after < stall + 2 * PERIOD + 4, f"{after}\n{err}"
   assert res.first_failure == 2 and res.returncodes[2] == heartbeat.OWN_FAILURE_EXIT_CODE, (
       res.reason)
   assert res.reason.startswith("jdtensor launch: client 2 exited with code 70: client 2 "
@@ -72,15 +72,15 @@ def test_a_staller_is_named_within_the_stall_timeout_plus_two_periods(devices, r
 @pytest.mark.parametrize("read", ["kept", "temporary"])
 def test_an_early_exit_0_is_named_within_the_exit_grace(devices, read):
   res, out, err, after = run(devices, "exit0", bad=1, READ=read)
-  assert after is not None and after < max(3.0, 2 * PERIOD) + 4, (after, err)
+  assert after is not None and after < max(3.0, 2 * PERIOD) + 4, f"{after}\n{err}"
   assert res.first_failure == 1, res.reason
   assert res.reason.startswith("jdtensor launch: client 1 exited (code 0) while the "
                                "others were still running (clients 0, 2, 3 wait in a "
                                "collective)"), res.reason
   for c in (0, 2, 3):
-    assert res.returncodes[c] == heartbeat.EXIT_CODE, (res.returncodes, err)
+    assert res.returncodes[c] == heartbeat.EXIT_CODE, f"{res.returncodes}\n{err}"
     said = [line for line in lines(err, c) if "client 1 exited (code 0)" in line]
-    assert len(said) == 1, (c, err)
+    assert len(said) == 1, f"client {c}:\n{err}"
 
 
 @DEVICES
@@ -91,7 +91,7 @@ def test_a_slow_first_collective_is_not_killed_and_the_late_client_is_named(devi
   res, out, err, after = run(devices, "late_first", bad=3, LATE="40",
                              JDTENSOR_STALL_TIMEOUT="4")
   assert "stalled" not in err, err
-  assert after is not None and 29 < after < 38, (after, err)
+  assert after is not None and 29 < after < 38, f"{after}\n{err}"
   assert res.first_failure == 3, res.reason
   assert res.reason.startswith(
       "jdtensor launch: client 3 exited with code 70: client 3 did not join the "
@@ -106,7 +106,7 @@ def test_a_late_finisher_is_waited_for_and_the_run_ends_with_0(devices, late_cli
   """Longer than the shutdown time-out: the others wait while it beats."""
   res, out, err, after = run(devices, "late_end", bad=late_client, LATE="12",
                              JDTENSOR_SHUTDOWN_TIMEOUT="4")
-  assert res.exit_code == 0 and res.returncodes == [0] * N, (res.reason, err)
+  assert res.exit_code == 0 and res.returncodes == [0] * N, f"{res.reason}\n{err}"
   assert out.count("DONE") == N
   assert after is not None and 12 <= after < 20, after
   assert "heartbeat: client" not in err, err
@@ -120,21 +120,21 @@ def test_a_long_computation_on_its_own_devices_is_never_a_staller(devices):
                              JDTENSOR_STALL_TIMEOUT="3")
   busy = re.search(r"BUSY ([\d.]+)", out)
   assert busy and float(busy.group(1)) > 6, out  # Twice the stall time-out.
-  assert res.exit_code == 0 and res.returncodes == [0] * N, (res.reason, err)
+  assert res.exit_code == 0 and res.returncodes == [0] * N, f"{res.reason}\n{err}"
   assert "stalled" not in err and "heartbeat: client" not in err, err
 
 
 @DEVICES
 def test_sys_exit_false_at_the_end_is_code_0(devices):
   res, out, err, _ = run(devices, "exitfalse")
-  assert res.exit_code == 0 and res.returncodes == [0] * N, (res.reason, err)
+  assert res.exit_code == 0 and res.returncodes == [0] * N, f"{res.reason}\n{err}"
   assert out.count("DONE") == N and "heartbeat: client" not in err, err
 
 
 @DEVICES
 def test_the_heartbeat_is_invisible_to_jax_thread_guard(devices):
   res, out, err, _ = run(devices, "none", GUARD="1")
-  assert res.exit_code == 0 and out.count("DONE") == N, (res.reason, err)
+  assert res.exit_code == 0 and out.count("DONE") == N, f"{res.reason}\n{err}"
   assert "FAILED_PRECONDITION" not in err and "heartbeat: client" not in err, err
 
 
@@ -142,7 +142,7 @@ def test_the_heartbeat_is_invisible_to_jax_thread_guard(devices):
 def test_daemon_threads_in_collectives_at_the_end_are_a_clean_prompt_end(devices):
   start = time.monotonic()
   res, out, err, _ = run(devices, "daemon")
-  assert res.exit_code == 0 and res.returncodes == [0] * N, (res.reason, err)
+  assert res.exit_code == 0 and res.returncodes == [0] * N, f"{res.reason}\n{err}"
   assert "FATAL" not in err and "terminate called" not in err, err
   assert time.monotonic() - start < 20
 
@@ -151,7 +151,7 @@ def test_daemon_threads_in_collectives_at_the_end_are_a_clean_prompt_end(devices
 def test_a_forked_child_never_speaks_for_its_parent(devices):
   start = time.monotonic()
   res, out, err, _ = run(devices, "fork", bad=1)
-  assert res.exit_code == 0 and res.returncodes == [0] * N, (res.reason, err)
+  assert res.exit_code == 0 and res.returncodes == [0] * N, f"{res.reason}\n{err}"
   assert out.count("DONE") == N and "heartbeat: client" not in err, err
   assert time.monotonic() - start < 20
 

@@ -342,3 +342,47 @@ def test_a_background_thread_inside_jax_is_seen_at_exit():
     assert thread.name in flight.threads_inside_jax()
   finally:
     thread.join(5)
+
+
+class _EndingHeartbeat:
+  """A heartbeat whose thread ends (sets `stopped`, then exits) at a chosen
+  wait: the race between the wait's time-out and the liveness check."""
+
+  def __init__(self, ends_at_wait: int | None):
+    self.period, self.cluster, self.waits = 0.01, None, 0
+    self._ends_at, self._ended = ends_at_wait, False
+
+  class _Stopped:
+    def __init__(self, hb):
+      self.hb = hb
+
+    def wait(self, timeout):
+      self.hb.waits += 1
+      ended_before = self.hb._ended
+      if self.hb.waits == self.hb._ends_at:
+        self.hb._ended = True  # Ends just after this wait timed out.
+      return ended_before
+
+    def is_set(self):
+      return self.hb._ended
+
+  @property
+  def stopped(self):
+    return self._Stopped(self)
+
+  def running(self):
+    return not self._ended and self._ends_at is not None
+
+
+@pytest.mark.parametrize("ends_at", [1, 2, 5])
+def test_a_heartbeat_that_ends_between_the_wait_and_the_check_has_ended(ends_at):
+  """Seen once in CI: the late finisher's agreed end came between a wait's
+  time-out and the liveness check; the client took it for a lost heartbeat,
+  skipped JAX's shutdown barrier, and the others' barrier aborted them."""
+  from jdtensor.heartbeat import _wait_for_the_agreed_end  # pylint: disable=g-import-not-at-top
+  assert _wait_for_the_agreed_end(_EndingHeartbeat(ends_at), 0.0, 1) is True
+
+
+def test_a_heartbeat_thread_gone_without_its_end_is_not_an_agreed_end():
+  from jdtensor.heartbeat import _wait_for_the_agreed_end  # pylint: disable=g-import-not-at-top
+  assert _wait_for_the_agreed_end(_EndingHeartbeat(None), 0.0, 1) is False
