@@ -24,8 +24,8 @@ exclude_patterns = ["_build"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3  # `[text](page.md#a-heading)` links resolve.
 
-# Importing jdtensor never imports jax (its names are lazy); documenting its
-# functions imports the modules, which import jax but start no backend.
+# Documenting jdtensor imports its modules, none of which imports jax at
+# module level (the architecture test checks it): no backend starts.
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": True}

@@ -3,8 +3,9 @@ spent waiting in collectives for it, over a sliding window and over the run.
 
 Read from the merged beats alone (every client has the same ones), so every
 client names the same straggler at the same beat, with no traffic of its own.
-Each beat counts as one period: the clients waiting in a collective (`WAITING`) wait for the clients that are not (running their own
-code, or busy inside JAX); each waiter's time is split evenly among those it
+Each beat counts as one period: the clients waiting in a collective
+(`WAITING`) wait for the clients that are not (running their own code, or
+busy inside JAX); each waiter's time is split evenly among those it
 waits for. Clients at exit take no part (leaving early has its own verdict).
 A beat samples each main thread once, so over a window of many beats the
 shares estimate the time fractions.
