@@ -8,11 +8,38 @@ Phases: ``imports`` (jax, numpy, and jdtensor for jdtensor), ``init``
 (a mesh over every client's devices and one cross-client psum). The exit path
 is what the parent measures after the last mark (the process's whole CPU time
 from `os.wait4`, minus ``first``).
+
+At exit, after every other exit handler, it prints the CPU time of each
+Python thread that ended, by name (``THREAD name seconds``): jdtensor's
+threads (heartbeat, watchdog, liveness links, helpers) are named
+``jdtensor-*``, so their share of the client's CPU is theirs alone (C++
+threads they start are not counted).
 """
 
+import atexit
 import os
 import sys
+import threading
 import time
+
+_THREAD_CPU: dict[str, float] = {}
+
+
+def _record_thread_cpu() -> None:
+  """Each Python thread adds its CPU time to `_THREAD_CPU` when it ends."""
+  run = threading.Thread.run
+
+  def timed_run(self: threading.Thread) -> None:
+    try:
+      run(self)
+    finally:
+      _THREAD_CPU[self.name] = _THREAD_CPU.get(self.name, 0.0) + time.thread_time()
+  threading.Thread.run = timed_run  # type: ignore[method-assign]
+
+  def report() -> None:
+    for name, seconds in sorted(_THREAD_CPU.items()):
+      print(f"THREAD {name} {seconds:.4f}", flush=True)
+  atexit.register(report)  # First registered, so it runs last.
 
 
 def mark(phase: str) -> None:
@@ -21,6 +48,7 @@ def mark(phase: str) -> None:
 
 
 def main(mode: str) -> None:
+  _record_thread_cpu()
   import jax
   import numpy as np
   from jax.sharding import NamedSharding, PartitionSpec as P

@@ -85,6 +85,9 @@ def one_run(mode: str, extra: dict[str, str], clients: int, devices: int,
              if line.startswith("PHASE ")}
     if proc.returncode != 0 or set(marks) != {"imports", "init", "first"}:
       raise RuntimeError(f"{mode}: client ended with {proc.returncode}: {text[-500:]}")
+    # jdtensor's own threads (named jdtensor-*), whatever their phase.
+    marks["threads"] = sum(float(line.split()[2]) for line in text.splitlines()
+                           if line.startswith("THREAD jdtensor-"))
     rows.append(marks)
   return rows
 
@@ -102,7 +105,8 @@ def whole_cpu_runs(mode: str, extra: dict[str, str], clients: int, devices: int
   phases = []
   for r in rows:
     phases.append({"imports": r["imports"], "init": r["init"] - r["imports"],
-                   "first": r["first"] - r["init"], "exit": per_client_exit})
+                   "first": r["first"] - r["init"], "exit": per_client_exit,
+                   "threads": r["threads"]})
   return phases
 
 
@@ -144,7 +148,7 @@ def main(argv=None) -> str:
     for shape in shapes:
       for name, (mode, extra) in CONTENDERS.items():
         runs = whole_cpu_runs(mode, extra, *shape)
-        mean = {p: statistics.mean(r[p] for r in runs) for p in PHASES}
+        mean = {p: statistics.mean(r[p] for r in runs) for p in (*PHASES, "threads")}
         results.setdefault((name, shape), []).append(mean)
   lines = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores, Python "
            f"{sys.version.split()[0]}", "",
@@ -158,21 +162,25 @@ def main(argv=None) -> str:
     medians = {}
     for name in CONTENDERS:
       medians[name] = {p: statistics.median(m[p] for m in results[(name, shape)])
-                       for p in PHASES}
-    raw_whole = sum(medians["raw JAX"].values())
+                       for p in (*PHASES, "threads")}
+    raw_whole = sum(medians["raw JAX"][p] for p in PHASES)
     for name, med in medians.items():
-      whole = sum(med.values())
+      whole = sum(med[p] for p in PHASES)
       lines.append(f"| {shape[0]} x {shape[1]} | {name} | {med['imports']:.3f} | "
                    f"{med['init']:.3f} | {med['first']:.3f} | {med['exit']:.3f} | "
                    f"{whole:.3f} | {whole / raw_whole:.2f}x |")
     jd, raw = medians["jdtensor"], medians["raw JAX"]
     extra_cpu.append((shape, jd["init"] + jd["first"] - raw["init"] - raw["first"],
-                      jd["exit"] - raw["exit"]))
+                      jd["exit"] - raw["exit"], jd["threads"],
+                      medians["jdtensor, heartbeat off"]["threads"]))
   lines += ["", "Where jdtensor's extra CPU per client is: init + first psum "
             "(raw JAX starts its backend lazily, in the first psum; jdtensor in "
             "its init) and the exit path, against raw JAX:", ""]
-  lines += [f"* {s[0]} x {s[1]}: start-up {start:+.3f} s, exit {end:+.3f} s"
-            for s, start, end in extra_cpu]
+  lines += [f"* {s[0]} x {s[1]}: start-up {start:+.3f} s, exit {end:+.3f} s; "
+            f"of the whole, jdtensor's own threads (heartbeat, watchdog, liveness "
+            f"links, helpers) {1e3 * threads:.1f} ms ({1e3 * threads_off:.1f} ms "
+            "with the heartbeat off)"
+            for s, start, end, threads, threads_off in extra_cpu]
   lines += ["", f"Of the start-up's extra, importing the jdtensor modules that "
             f"`initialize_accelerator_system` pulls in costs "
             f"{jdtensor_import_cpu(args.repeats):.3f} s of CPU compiled from source "

@@ -16,25 +16,35 @@ __all__ = ["GLOO_NOTICE_MARKERS", "GLOO_NOTICE_FRAGMENTS", "GLOO_NOTICE_LEFTOVER
            "GLOO_PEER_LOST", "GLOO_NEVER_JOINED", "GLOO_KEY_PREFIX",
            "BARRIER_DEADLINE_EXCEEDED", "PROBES"]
 
-# Gloo prints "[Gloo] Rank r is connected to k peer ranks. Expected number of
-# connected peer ranks is : k" whenever a device group first communicates
-# (jax-ml/jax#32673); the threads of several devices interleave its
-# fragments. The launcher drops it from the clients' output.
-GLOO_NOTICE_MARKERS = re.compile(r"\[Gloo\]|peer ranks|is connected to")
-GLOO_NOTICE_FRAGMENTS = re.compile(r"\[Gloo\] Rank|is connected to|Expected number of "
-                                   r"connected peer ranks is :|peer ranks\.?|\d+|\s+")
-# What may be left of a notice on a line of its own (a lone number, nothing).
-GLOO_NOTICE_LEFTOVER = re.compile(r"\s*\d*\s*")
-
-# gloo's errors when the other end of one of its connections went away (a
-# client's collective failed because another client's process ended).
-GLOO_PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|"
-                            r"Socket closed|\b(?:Read|Write) error\b")
-# XLA's error when a gloo communicator's set-up (a device group's first
-# collective) gave up waiting for a client that never arrived; jaxlib 0.10.2
-# waits 30 s and has no setting for it.
-GLOO_NEVER_JOINED = re.compile(r"Gloo context initialization failed: DEADLINE_EXCEEDED"
-                               r"(?:.*?duration: ([\d.]+)s)?", re.S)
+# The patterns are compiled on first use (`__getattr__`): a client on its
+# happy path never matches one, and compiling them all costs 1-2 ms of every
+# client's start-up.
+_PATTERNS: dict[str, tuple[str, int]] = {
+    # Gloo prints "[Gloo] Rank r is connected to k peer ranks. Expected number
+    # of connected peer ranks is : k" whenever a device group first
+    # communicates (jax-ml/jax#32673); the threads of several devices
+    # interleave its fragments. The launcher drops it from the clients' output.
+    "GLOO_NOTICE_MARKERS": (r"\[Gloo\]|peer ranks|is connected to", 0),
+    "GLOO_NOTICE_FRAGMENTS": (r"\[Gloo\] Rank|is connected to|Expected number of "
+                              r"connected peer ranks is :|peer ranks\.?|\d+|\s+", 0),
+    # What may be left of a notice on a line of its own (a lone number, nothing).
+    "GLOO_NOTICE_LEFTOVER": (r"\s*\d*\s*", 0),
+    # gloo's errors when the other end of one of its connections went away (a
+    # client's collective failed because another client's process ended).
+    "GLOO_PEER_LOST": (r"Connection (?:reset|closed) by peer|Broken pipe|"
+                       r"Socket closed|\b(?:Read|Write) error\b", 0),
+    # XLA's error when a gloo communicator's set-up (a device group's first
+    # collective) gave up waiting for a client that never arrived; jaxlib
+    # 0.10.2 waits 30 s and has no setting for it.
+    "GLOO_NEVER_JOINED": (r"Gloo context initialization failed: DEADLINE_EXCEEDED"
+                          r"(?:.*?duration: ([\d.]+)s)?", re.S),
+}
+# Declared for readers and type checkers; the values come from `__getattr__`.
+GLOO_NOTICE_MARKERS: re.Pattern[str]
+GLOO_NOTICE_FRAGMENTS: re.Pattern[str]
+GLOO_NOTICE_LEFTOVER: re.Pattern[str]
+GLOO_PEER_LOST: re.Pattern[str]
+GLOO_NEVER_JOINED: re.Pattern[str]
 
 # The user's CPU backend keys each gloo communicator it sets up in the user's
 # coordination service as "cpu:gloo/<global device ids>/<rank>" (XLA's gloo
@@ -64,3 +74,24 @@ PROBES = {
     "BARRIER_DEADLINE_EXCEEDED": "tests/multiprocess/test_multi_client.py::"
                                  "test_barrier_timeout_raises_instead_of_hanging",
 }
+
+
+def __getattr__(name: str) -> re.Pattern[str]:
+  """Compiles a pattern of `_PATTERNS` on first use and keeps it."""
+  try:
+    source, flags = _PATTERNS[name]
+  except KeyError:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+  pattern = globals()[name] = re.compile(source, flags)
+  return pattern
+
+
+def text(name: str) -> str:
+  """The text `name` matches on: a pattern's source, or the literal text.
+  Compiles nothing."""
+  if name in _PATTERNS:
+    return _PATTERNS[name][0]
+  value = globals()[name]
+  if not isinstance(value, str):
+    raise KeyError(f"{name!r} is not one of jdtensor's jaxlib texts.")
+  return value

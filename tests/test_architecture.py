@@ -352,4 +352,26 @@ def test_every_jaxlib_text_has_a_probe_that_exists():
     source = (PACKAGE.parent / path).read_text()
     assert f"def {test}(" in source, (name, probe)
   private = (PACKAGE / PRIVATE_JAX).read_text()
-  assert "TEXTS = {name: getattr(_jaxlib_texts, name)" in private
+  assert "TEXTS = {name: _jaxlib_texts.text(name)" in private
+
+
+def test_jaxlib_patterns_compile_on_first_use_and_match_their_text():
+  """The patterns are compiled when first read (a start-up compiles none:
+  test_a_cpu_start_up_loads_only_what_it_uses), each once, from the text the
+  private-JAX module lists."""
+  import re  # pylint: disable=g-import-not-at-top
+  from jdtensor import _jaxlib_texts  # pylint: disable=g-import-not-at-top
+  for name in _jaxlib_texts.__all__:
+    if name == "PROBES":
+      continue
+    value = getattr(_jaxlib_texts, name)
+    if isinstance(value, re.Pattern):
+      assert value.pattern == _jaxlib_texts.text(name)
+      assert getattr(_jaxlib_texts, name) is value
+    else:
+      assert value == _jaxlib_texts.text(name)
+  assert _jaxlib_texts.GLOO_NEVER_JOINED.search(
+      "Gloo context initialization failed: DEADLINE_EXCEEDED\n... duration: 30.0s"
+  ).group(1) == "30.0"  # re.S: the duration may be on a later line.
+  with pytest.raises(AttributeError, match="GLOO_NOPE"):
+    _jaxlib_texts.GLOO_NOPE  # pylint: disable=pointless-statement

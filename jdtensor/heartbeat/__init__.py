@@ -62,7 +62,7 @@ import threading
 import time
 from typing import IO, Any
 
-from jdtensor import _env, _status, runtime
+from jdtensor import _env, runtime
 from jdtensor import _logging as logging
 from jdtensor.errors import PeerFailureError
 from jdtensor.heartbeat.departure import Departure, ExitGuard
@@ -130,10 +130,15 @@ class _ClientProcess(ProcessHooks):
   def tell_launcher(self, clients: list[int], why: str, leaving: bool) -> None:
     _tell_launcher(self.client_id, clients, why, leaving=leaving)
 
+  # `jdtensor._status` is imported when used: only under `jdtensor launch`.
   def status_wanted(self) -> bool:
-    return bool(self.report_dir) and _status.status_requested(self.report_dir)
+    if not self.report_dir:
+      return False
+    from jdtensor import _status  # pylint: disable=g-import-not-at-top
+    return _status.status_requested(self.report_dir)
 
   def publish_status(self, record: dict[str, Any]) -> None:
+    from jdtensor import _status  # pylint: disable=g-import-not-at-top
     try:
       _status.write_status(self.report_dir, self.client_id, {
           **record, "pid": os.getpid(), "at": time.time(), "rss_mib": _rss_mib(),
@@ -143,6 +148,7 @@ class _ClientProcess(ProcessHooks):
 
   def publish_waits(self, shares: list[float], seconds: float) -> None:
     if self.report_dir:
+      from jdtensor import _status  # pylint: disable=g-import-not-at-top
       try:
         _status.write_waits(self.report_dir, self.client_id, shares, seconds)
       except OSError:

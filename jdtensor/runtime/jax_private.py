@@ -107,7 +107,7 @@ MISSING: tuple[str, ...] = tuple(sorted(
 
 
 # The jaxlib texts jdtensor relies on, by name (see `jdtensor._jaxlib_texts`).
-TEXTS = {name: getattr(_jaxlib_texts, name) for name in _jaxlib_texts.__all__
+TEXTS = {name: _jaxlib_texts.text(name) for name in _jaxlib_texts.__all__
          if name != "PROBES"}
 
 # The jax/jaxlib versions the whole suite passes on (pyproject.toml's pin).

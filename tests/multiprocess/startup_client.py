@@ -216,11 +216,18 @@ def scenario_init_only():
 
 
 def scenario_loaded_modules():
-  """Which jdtensor modules a CPU client's start-up (and a mesh) loads."""
+  """Which jdtensor modules a CPU client's start-up (and a mesh) loads, and
+  which of the jaxlib patterns it compiled."""
   import jdtensor
+  from jdtensor import _jaxlib_texts, heartbeat
   jdtensor.initialize_accelerator_system("CPU")
   jdtensor.create_distributed_mesh([("x", jdtensor.num_global_devices("CPU"))])
+  # The heartbeat's start (the private runtime, the first exchange) included.
+  hb = heartbeat.current()
+  result("heartbeat_ready", hb is not None and hb.ready.wait(30))
   result("modules", sorted(m for m in sys.modules if m.startswith("jdtensor")))
+  result("compiled_patterns", sorted(
+      name for name in _jaxlib_texts._PATTERNS if name in vars(_jaxlib_texts)))  # pylint: disable=protected-access
 
 
 def scenario_init_then_sleep():
