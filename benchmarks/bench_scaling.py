@@ -71,21 +71,30 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 class Run:
-  """One cold start: its walls and the CPU per client."""
+  """One cold start: its walls and the CPU per client (in all, and in the
+  imports phase: ``import jax, numpy``, the same code in every contender and
+  before any of jdtensor's runs; None where the client does not report it)."""
 
-  def __init__(self, first: float, end: float, cpu_per_client: float):
+  def __init__(self, first: float, end: float, cpu_per_client: float,
+               imports_per_client: float | None = None):
     self.first, self.end, self.cpu = first, end, cpu_per_client
+    self.imports = imports_per_client
+
+  @property
+  def after_imports(self) -> float | None:
+    """CPU per client after the imports: where jdtensor's work is."""
+    return None if self.imports is None else self.cpu - self.imports
 
 
 def _collect(procs: list[subprocess.Popen], start: float, n: int,
              timeout: float = 600.0, exit_errors_ok: bool = False
-             ) -> tuple[list[float], float, float]:
+             ) -> tuple[list[float], float, float, float | None]:
   """Reaps every process: (first-psum stamps, wall to the last exit, CPU in
-  all). A process's CPU from ``wait4`` includes the children it reaped (the
-  launcher's clients)."""
+  all, mean CPU per client in the imports phase or None). A process's CPU
+  from ``wait4`` includes the children it reaped (the launcher's clients)."""
   timer = threading.Timer(timeout, _stop, [procs])
   timer.start()
-  cpu, stamps = 0.0, []
+  cpu, stamps, imports = 0.0, [], []
   try:
     for proc in procs:
       _, status, usage = os.wait4(proc.pid, 0)
@@ -99,11 +108,12 @@ def _collect(procs: list[subprocess.Popen], start: float, n: int,
     out = proc.stdout.read() if proc.stdout else ""
     # The launcher tags its clients' lines ("[client 3] FIRST_COLLECTIVE_AT ...").
     stamps += [float(t) for t in re.findall(r"FIRST_COLLECTIVE_AT ([\d.]+)", out)]
+    imports += [float(t) for t in re.findall(r"PHASE imports ([\d.]+)", out)]
     if proc.returncode != 0 and not exit_errors_ok:
       raise RuntimeError(f"a client ended with {proc.returncode}: {out[-500:]}")
   if len(stamps) != n:
     raise RuntimeError(f"{len(stamps)} of {n} clients reached the psum")
-  return stamps, end, cpu
+  return stamps, end, cpu, (sum(imports) / n if len(imports) == n else None)
 
 
 def cold_start_by_hand(argv: list[str], n: int, extra: dict[str, str],
@@ -120,8 +130,8 @@ def cold_start_by_hand(argv: list[str], n: int, extra: dict[str, str],
     procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, text=True,
                                   start_new_session=True))
-  stamps, end, cpu = _collect(procs, start, n, exit_errors_ok=exit_errors_ok)
-  return Run(max(stamps) - start, end, cpu / n)
+  stamps, end, cpu, imports = _collect(procs, start, n, exit_errors_ok=exit_errors_ok)
+  return Run(max(stamps) - start, end, cpu / n, imports)
 
 
 def cold_start_launch(n: int, extra: dict[str, str]) -> Run:
@@ -131,8 +141,8 @@ def cold_start_launch(n: int, extra: dict[str, str]) -> Run:
                            "300", "--", PY, CLIENT, "jdtensor"], env=_env(extra),
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           start_new_session=True)
-  stamps, end, cpu = _collect([proc], start, n)
-  return Run(max(stamps) - start, end, cpu / n)
+  stamps, end, cpu, imports = _collect([proc], start, n)
+  return Run(max(stamps) - start, end, cpu / n, imports)
 
 
 def detection(n: int) -> float:
@@ -264,6 +274,24 @@ def main(argv=None) -> str:
         rf, re_, rc = (med("raw JAX", n, w) for w in ("first", "end", "cpu"))
         cells.append(f"{first:.2f} ({first / rf:.2f}x) / {end:.2f} ({end / re_:.2f}x) s, "
                      f"CPU {cpu:.2f} s ({cpu / rc:.2f}x)")
+    lines.append(f"| {n} | " + " | ".join(cells) + " |")
+  lines += ["", "CPU per client after the imports (``import jax, numpy``: the same "
+            "code in every contender, run before any of jdtensor's, whose CPU varies "
+            "between rounds by as much as jdtensor's whole cost), medians of the "
+            "same rounds: jdtensor's extra over raw JAX without that noise, and "
+            "the whole-process ratio it makes:", "",
+            "| clients | raw JAX | " + " | ".join(
+                n for n in names if n not in ("raw JAX", "TF DTensor")) + " |",
+            "|---:|---:|" + "---:|" * (len(names) - 1 - ("TF DTensor" in names))]
+  for n in counts:
+    raw_after = statistics.median(r.after_imports for r in runs["raw JAX"][n])
+    raw_whole = med("raw JAX", n, "cpu")
+    cells = [f"{raw_after:.3f} s"]
+    for name in names:
+      if name in ("raw JAX", "TF DTensor"):
+        continue
+      extra = statistics.median(r.after_imports for r in runs[name][n]) - raw_after
+      cells.append(f"{extra * 1e3:+.0f} ms ({(raw_whole + extra) / raw_whole:.3f}x)")
     lines.append(f"| {n} | " + " | ".join(cells) + " |")
   lines += ["", "How the cost grows (least-squares slope over the client counts):", ""]
   for name in names:
