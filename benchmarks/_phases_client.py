@@ -10,10 +10,12 @@ is what the parent measures after the last mark (the process's whole CPU time
 from `os.wait4`, minus ``first``).
 
 At exit, after every other exit handler, it prints the CPU time of each
-Python thread that ended, by name (``THREAD name seconds``): jdtensor's
-threads (heartbeat, watchdog, liveness links, helpers) are named
-``jdtensor-*``, so their share of the client's CPU is theirs alone (C++
-threads they start are not counted).
+Python thread, by name (``THREAD name seconds``): jdtensor's threads
+(heartbeat, watchdog, liveness links, helpers) are named ``jdtensor-*``, so
+their share of the client's CPU is theirs alone (C++ threads they start are
+not counted); and the CPU of the start-up's steps (``STEP name main_thread
+process``: the checks, the rendezvous, JAX's initialisation, the backend's
+start, the heartbeat's start), each timed around its function.
 """
 
 import atexit
@@ -23,10 +25,19 @@ import threading
 import time
 
 _THREAD_CPU: dict[str, float] = {}
+_STEP_CPU: dict[str, list[float]] = {}
+# The start-up's steps: (label, module, function), timed where they are called.
+STEPS = (("checks", "jdtensor.accelerator", "_plan"),
+         ("rendezvous", "jdtensor.runtime.rendezvous", "rendezvous"),
+         ("wait for JAX's service", "jdtensor.runtime.rendezvous", "wait_for_service"),
+         ("jax.distributed.initialize", "jax.distributed", "initialize"),
+         ("backend start", "jax._src.xla_bridge", "backends"),
+         ("heartbeat start", "jdtensor.heartbeat", "start_with"))
 
 
 def _record_thread_cpu() -> None:
-  """Each Python thread adds its CPU time to `_THREAD_CPU` when it ends."""
+  """Each Python thread adds its CPU time to `_THREAD_CPU` when it ends; at
+  exit, the threads still alive are read from their CPU clocks."""
   run = threading.Thread.run
 
   def timed_run(self: threading.Thread) -> None:
@@ -37,9 +48,47 @@ def _record_thread_cpu() -> None:
   threading.Thread.run = timed_run  # type: ignore[method-assign]
 
   def report() -> None:
-    for name, seconds in sorted(_THREAD_CPU.items()):
-      print(f"THREAD {name} {seconds:.4f}", flush=True)
+    seconds = dict(_THREAD_CPU)
+    for thread in threading.enumerate():
+      if thread is threading.main_thread() or thread.ident is None:
+        continue
+      try:
+        cpu = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+      except (OSError, AttributeError):
+        continue
+      seconds[thread.name] = seconds.get(thread.name, 0.0) + cpu
+    for name, cpu in sorted(seconds.items()):
+      print(f"THREAD {name} {cpu:.4f}", flush=True)
+    for name, (main_cpu, process_cpu) in _STEP_CPU.items():
+      print(f"STEP {name}: {main_cpu:.4f} {process_cpu:.4f}", flush=True)
   atexit.register(report)  # First registered, so it runs last.
+
+
+def _time_steps(mode: str) -> None:
+  """Wraps each of `STEPS` to add its main thread's and the process's CPU to
+  `_STEP_CPU` (jdtensor's only in jdtensor's clients: a raw JAX client
+  imports nothing of jdtensor)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  for label, module_name, name in STEPS:
+    if module_name.startswith("jdtensor") and mode != "jdtensor":
+      continue
+    try:
+      module = importlib.import_module(module_name)
+    except ImportError:
+      continue
+    fn = getattr(module, name, None)
+    if fn is None:
+      continue
+
+    def timed(*args, _fn=fn, _label=label, **kwargs):
+      main, process = time.thread_time(), time.process_time()
+      try:
+        return _fn(*args, **kwargs)
+      finally:
+        totals = _STEP_CPU.setdefault(_label, [0.0, 0.0])
+        totals[0] += time.thread_time() - main
+        totals[1] += time.process_time() - process
+    setattr(module, name, timed)
 
 
 def mark(phase: str) -> None:
@@ -55,6 +104,7 @@ def main(mode: str) -> None:
   if mode == "jdtensor":
     import jdtensor
   mark("imports")
+  _time_steps(mode)  # After the mark: its imports are jdtensor's init's own.
   if mode == "jdtensor":
     jdtensor.initialize_accelerator_system("CPU")
     mesh = jdtensor.create_distributed_mesh([("x", jdtensor.num_global_devices("CPU"))])

@@ -85,9 +85,19 @@ def one_run(mode: str, extra: dict[str, str], clients: int, devices: int,
              if line.startswith("PHASE ")}
     if proc.returncode != 0 or set(marks) != {"imports", "init", "first"}:
       raise RuntimeError(f"{mode}: client ended with {proc.returncode}: {text[-500:]}")
-    # jdtensor's own threads (named jdtensor-*), whatever their phase.
-    marks["threads"] = sum(float(line.split()[2]) for line in text.splitlines()
-                           if line.startswith("THREAD jdtensor-"))
+    # jdtensor's own threads (named jdtensor-*), whatever their phase, and
+    # the start-up's steps (`_phases_client.STEPS`), by name.
+    threads = {line.split()[1]: float(line.split()[2]) for line in text.splitlines()
+               if line.startswith("THREAD jdtensor-")}
+    marks["threads"] = sum(threads.values())
+    for name, cpu in threads.items():
+      marks["thread " + name] = cpu
+    for line in text.splitlines():
+      if line.startswith("STEP "):
+        name, _, cpus = line[len("STEP "):].rpartition(": ")
+        main_cpu, process_cpu = (float(v) for v in cpus.split())
+        marks["step " + name] = process_cpu
+        marks["step main " + name] = main_cpu
     rows.append(marks)
   return rows
 
@@ -106,7 +116,7 @@ def whole_cpu_runs(mode: str, extra: dict[str, str], clients: int, devices: int
   for r in rows:
     phases.append({"imports": r["imports"], "init": r["init"] - r["imports"],
                    "first": r["first"] - r["init"], "exit": per_client_exit,
-                   "threads": r["threads"]})
+                   **{k: v for k, v in r.items() if k.startswith(("thread", "step"))}})
   return phases
 
 
@@ -148,7 +158,10 @@ def main(argv=None) -> str:
     for shape in shapes:
       for name, (mode, extra) in CONTENDERS.items():
         runs = whole_cpu_runs(mode, extra, *shape)
-        mean = {p: statistics.mean(r[p] for r in runs) for p in (*PHASES, "threads")}
+        # A step or thread some clients lack (client 0 waits for no service)
+        # counts as 0 s for them.
+        keys = {k for r in runs for k in r}
+        mean = {p: statistics.mean(r.get(p, 0.0) for r in runs) for p in keys}
         results.setdefault((name, shape), []).append(mean)
   lines = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores, Python "
            f"{sys.version.split()[0]}", "",
@@ -181,6 +194,28 @@ def main(argv=None) -> str:
             f"links, helpers) {1e3 * threads:.1f} ms ({1e3 * threads_off:.1f} ms "
             "with the heartbeat off)"
             for s, start, end, threads, threads_off in extra_cpu]
+  lines += ["", "The start-up's steps, CPU per client in ms (the process's, every "
+            "thread; the main thread's in brackets), and jdtensor's threads, as "
+            "installed (bytecode cached), medians over rounds:", ""]
+  for shape in shapes:
+    rounds = {name: results[(name, shape)] for name in ("raw JAX", "jdtensor, bytecode cached")}
+    cells = []
+    for name, label in (("raw JAX", "raw JAX"), ("jdtensor, bytecode cached", "jdtensor")):
+      keys = sorted({k for m in rounds[name] for k in m if k.startswith("step ")
+                     and not k.startswith("step main ")})
+      steps = ", ".join(
+          f"{k[len('step '):]} {1e3 * statistics.median(m.get(k, 0.0) for m in rounds[name]):.1f}"
+          f" ({1e3 * statistics.median(m.get('step main ' + k[len('step '):], 0.0) for m in rounds[name]):.1f})"
+          for k in keys)
+      cells.append(f"{label}: {steps}")
+    thread_keys = sorted({k for m in rounds["jdtensor, bytecode cached"] for k in m
+                          if k.startswith("thread ")})
+    threads = ", ".join(
+        f"{k[len('thread '):]} "
+        f"{1e3 * statistics.median(m.get(k, 0.0) for m in rounds['jdtensor, bytecode cached']):.1f}"
+        for k in thread_keys)
+    lines.append(f"* {shape[0]} x {shape[1]}: " + "; ".join(cells)
+                 + f"; jdtensor's threads: {threads or 'none'}")
   lines += ["", f"Of the start-up's extra, importing the jdtensor modules that "
             f"`initialize_accelerator_system` pulls in costs "
             f"{jdtensor_import_cpu(args.repeats):.3f} s of CPU compiled from source "
