@@ -72,13 +72,10 @@ def _time_steps(mode: str) -> None:
   for label, module_name, name in STEPS:
     if module_name.startswith("jdtensor") and mode != "jdtensor":
       continue
-    try:
-      module = importlib.import_module(module_name)
-    except ImportError:
-      continue
-    fn = getattr(module, name, None)
-    if fn is None:
-      continue
+    # A step that no longer exists fails the run rather than leave the table
+    # short (tests/test_architecture.py checks them too).
+    module = importlib.import_module(module_name)
+    fn = getattr(module, name)
 
     def timed(*args, _fn=fn, _label=label, **kwargs):
       main, process = time.thread_time(), time.process_time()

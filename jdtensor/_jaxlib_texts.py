@@ -17,8 +17,8 @@ __all__ = ["GLOO_NOTICE_MARKERS", "GLOO_NOTICE_FRAGMENTS", "GLOO_NOTICE_LEFTOVER
            "BARRIER_DEADLINE_EXCEEDED", "PROBES"]
 
 # The patterns are compiled on first use (`__getattr__`): a client on its
-# happy path never matches one, and compiling them all costs 1-2 ms of every
-# client's start-up.
+# happy path never matches one, and compiling them all costs about 1 ms of
+# every client's start-up.
 _PATTERNS: dict[str, tuple[str, int]] = {
     # Gloo prints "[Gloo] Rank r is connected to k peer ranks. Expected number
     # of connected peer ranks is : k" whenever a device group first

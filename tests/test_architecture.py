@@ -375,3 +375,13 @@ def test_jaxlib_patterns_compile_on_first_use_and_match_their_text():
   ).group(1) == "30.0"  # re.S: the duration may be on a later line.
   with pytest.raises(AttributeError, match="GLOO_NOPE"):
     _jaxlib_texts.GLOO_NOPE  # pylint: disable=pointless-statement
+
+
+def test_the_start_up_benchmark_times_functions_that_exist():
+  """`bench_startup_cpu.py` times each start-up step around its function, by
+  name: a rename must show here, not as a row missing from RESULTS.md."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  from benchmarks import _phases_client  # pylint: disable=g-import-not-at-top
+  for label, module_name, name in _phases_client.STEPS:
+    assert callable(getattr(importlib.import_module(module_name), name)), label
+

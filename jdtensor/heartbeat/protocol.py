@@ -46,6 +46,10 @@ from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
+# Loaded with the heartbeat, not on a verdict's path: a client's first
+# verdict must not wait for an import (compiled from source where no
+# bytecode is cached), nor race another thread's verdict while it does.
+from jdtensor._report import REPORTED_BY
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE, PeerFailureError
 
 __all__ = ["Heartbeat", "BeatLayout", "EXIT_CODE", "OWN_FAILURE_EXIT_CODE",
@@ -663,7 +667,6 @@ class Heartbeat:
       return
     # Named ourselves (e.g. we were frozen, or stalled): we are the root cause.
     # Said once: a relayed report already says who reported it first.
-    from jdtensor._report import REPORTED_BY  # pylint: disable=g-import-not-at-top
     if not REPORTED_BY.search(why):
       why = f"{why} (reported by client {reporter})"
     self._fail(why, clients,

@@ -58,9 +58,9 @@ def test_two_clients_two_devices(monkeypatch):
 def test_a_cpu_start_up_loads_only_what_it_uses(monkeypatch):
   """Every client pays for each module it loads (and compiles it where no
   bytecode is cached): a CPU run loads no TPU code and no cluster detection,
-  and only client 0 loads the handshake's server; what only a failure reads
-  (the launcher's reports, jaxlib's error texts) is loaded or
-  compiled when it is read (benchmarks/RESULTS.md, "Start-up CPU by phase")."""
+  and only client 0 loads the handshake's server; jaxlib's error texts are
+  compiled when a failure first reads one (benchmarks/RESULTS.md, "Start-up
+  CPU by phase")."""
   res, out, err = run_launcher(monkeypatch, 2, 1, "loaded_modules")
   assert res.exit_code == 0, out + err
   r = parse_results(out)
@@ -73,7 +73,7 @@ def test_a_cpu_start_up_loads_only_what_it_uses(monkeypatch):
     unused = {m for m in loaded if m.startswith(("jdtensor.tpu.", "jdtensor.launcher",
                                                  "jdtensor.testing"))}
     unused |= loaded & {"jdtensor.cluster", "jdtensor.api", "jdtensor._proto",
-                        "jdtensor.cli", "jdtensor._report"}
+                        "jdtensor.cli"}
     assert not unused, unused
   assert "jdtensor.runtime.host" in r[0]["modules"]
   assert "jdtensor.runtime.host" not in r[1]["modules"]

@@ -45,7 +45,7 @@ def each_names_once(err, pattern):
   """Every client says `pattern` exactly once."""
   for c in range(N):
     said = [line for line in lines(err, c) if re.search(pattern, line)]
-    assert len(said) == 1, (c, said, err)
+    assert len(said) == 1, f"client {c} said {said!r}; all:\n{err}"
 
 
 @DEVICES
