@@ -51,21 +51,29 @@ def free_ports(n: int) -> list[int]:
   return ports
 
 
+def client_env(jobs: str, client: int, devices: int, extra: dict[str, str]
+               ) -> dict[str, str]:
+  """The environment of client `client` of `jobs` (``DTENSOR_JOBS``), with
+  `extra` on top: the same for every contender."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("DTENSOR_", "JDTENSOR_"))}
+  env.pop("XLA_FLAGS", None)
+  env.update({"DTENSOR_JOBS": jobs, "DTENSOR_CLIENT_ID": str(client),
+              "JAX_NUM_CPU_DEVICES": str(devices), "JAX_PLATFORMS": "cpu",
+              "JDTENSOR_RUN_SECRET": "bench-startup-cpu-" + jobs[-12:] + "x" * 8,
+              "PYTHONPATH": ROOT, **extra})
+  if env.get("PYTHONDONTWRITEBYTECODE") == "":
+    del env["PYTHONDONTWRITEBYTECODE"]  # Python reads any value as "set".
+  return env
+
+
 def one_run(mode: str, extra: dict[str, str], clients: int, devices: int,
             timeout: float = 300.0) -> list[dict[str, float]]:
   """Per client: CPU seconds spent in each phase, and in all."""
   jobs = ",".join(f"localhost:{p}" for p in free_ports(clients))
-  base = {k: v for k, v in os.environ.items() if not k.startswith(("DTENSOR_", "JDTENSOR_"))}
-  base.pop("XLA_FLAGS", None)
   procs = []
   for c in range(clients):
-    env = {**base, "DTENSOR_JOBS": jobs, "DTENSOR_CLIENT_ID": str(c),
-           "JAX_NUM_CPU_DEVICES": str(devices), "JAX_PLATFORMS": "cpu",
-           "JDTENSOR_RUN_SECRET": "bench-startup-cpu-" + jobs[-12:] + "x" * 8,
-           "PYTHONPATH": ROOT, **extra}
-    if env.get("PYTHONDONTWRITEBYTECODE") == "":
-      del env["PYTHONDONTWRITEBYTECODE"]  # Python reads any value as "set".
-    procs.append(subprocess.Popen([sys.executable, CLIENT, mode], env=env,
+    procs.append(subprocess.Popen([sys.executable, CLIENT, mode],
+                                  env=client_env(jobs, c, devices, extra),
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                   text=True))
   deadline = time.monotonic() + timeout

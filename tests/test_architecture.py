@@ -385,3 +385,16 @@ def test_the_start_up_benchmark_times_functions_that_exist():
   for label, module_name, name in _phases_client.STEPS:
     assert callable(getattr(importlib.import_module(module_name), name)), label
 
+
+
+def test_the_instruction_benchmark_reads_one_callgrind_summary_per_client():
+  """`bench_instructions.py` takes each client's count from callgrind's
+  summary line, and refuses output with none or several (a child process
+  traced too, or a client that died before valgrind wrote it)."""
+  from benchmarks import bench_instructions  # pylint: disable=g-import-not-at-top
+  err = ("==2273== Events    : Ir\n==2273== Collected : 9350044446\n"
+         "==2273== \n==2273== I   refs:      9,350,044,446\n")
+  assert bench_instructions.collected(err) == 9350044446
+  for bad in ("", err + err.replace("2273", "2274")):
+    with pytest.raises(ValueError, match="expected one callgrind summary"):
+      bench_instructions.collected(bad)
