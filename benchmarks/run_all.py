@@ -2,9 +2,9 @@
 
     python benchmarks/run_all.py [--repeats N] [--only SECTION,...]
 
-``--only`` reruns the named sections (startup, startup_cpu, scaling, ring,
-heartbeat, api, testing, verdicts, faults) and
-keeps the others as they are in RESULTS.md, each with the date it was made.
+``--only`` reruns the named sections (startup, startup_cpu, instructions,
+scaling, ring, heartbeat, api, testing, verdicts, faults) and keeps the others
+as they are in RESULTS.md, each with the date it was made.
 
 Every figure is measured side by side with its baseline in the same run
 (this machine is shared and noisy): compare the ratios; absolute times are
@@ -24,9 +24,9 @@ import platform  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 
-from benchmarks import (bench_api, bench_heartbeat, bench_ring, bench_scaling,
-                        bench_startup, bench_startup_cpu, bench_testing,
-                        bench_verdicts)  # noqa: E402
+from benchmarks import (bench_api, bench_heartbeat, bench_instructions, bench_ring,
+                        bench_scaling, bench_startup, bench_startup_cpu,
+                        bench_testing, bench_verdicts)  # noqa: E402
 from benchmarks._timing import machine  # noqa: E402
 
 
@@ -53,6 +53,12 @@ SECTIONS = {  # key -> (title, intro)
                     "start-up CPU goes (imports, init, mesh + first psum, exit), "
                     "jdtensor with and without its heartbeat against raw JAX, "
                     "clients started by hand (issue #23, step 1)."),
+    "instructions": ("Start-up in instructions",
+                     "`python benchmarks/bench_instructions.py`: each client's "
+                     "instructions under valgrind's callgrind, raw JAX vs jdtensor "
+                     "(heartbeat on and off), every module's bytecode from one "
+                     "cache: a CPU figure that does not move with the machine's "
+                     "load (issue #23's 1.05x)."),
     "scaling": ("Start-up scaling, 2 to 32 clients",
                 "`python benchmarks/bench_scaling.py`: cold start (raw JAX, "
                 "jdtensor as installed and from source, `jdtensor launch`, TF "
@@ -120,6 +126,8 @@ def main(argv=None) -> int:
   runners = {
       "startup": lambda: bench_startup.main(startup_args),
       "startup_cpu": lambda: bench_startup_cpu.main(["--repeats", str(min(args.repeats, 3))]),
+      "instructions": lambda: bench_instructions.main(
+          ["--repeats", str(min(args.repeats, 2)), "--shapes", "2x1,4x1"]),
       "scaling": lambda: bench_scaling.main(["--repeats", str(min(args.repeats, 3))]),
       "ring": lambda: bench_ring.main(["--repeats", str(args.repeats)]),
       "heartbeat": lambda: bench_heartbeat.main(["--repeats", str(args.repeats)]),

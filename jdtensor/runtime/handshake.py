@@ -17,7 +17,7 @@ from jdtensor.runtime.links import Links
 
 __all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "reserve_port", "run_id",
            "jobs_digest", "PROTOCOL", "STAGE_SECONDS", "CLIENT_STAGE_SECONDS",
-           "POLL_SECONDS", "NONCE_RE", "RUN_RE", "send"]
+           "POLL_SECONDS", "FIRST_RETRY_SECONDS", "NONCE_RE", "RUN_RE", "send"]
 
 PROTOCOL = 2
 # The time a peer has for each stage of the handshake on client 0 (a
@@ -26,6 +26,11 @@ STAGE_SECONDS = 2.0
 # How long a client waits for client 0's answer at each stage.
 CLIENT_STAGE_SECONDS = 10.0
 POLL_SECONDS = 0.05
+# A client that finds client 0 not yet listening retries after FIRST_RETRY_SECONDS,
+# doubling up to POLL_SECONDS: clients started together reach the rendezvous
+# within milliseconds of each other, and a fixed 50 ms sleep put up to 50 ms
+# on every start-up's critical path; the cap keeps a long wait cheap.
+FIRST_RETRY_SECONDS = 0.002
 NONCE_RE = re.compile(r"[0-9a-f]{64}")
 RUN_RE = re.compile(r"[0-9a-f]{0,32}")
 
