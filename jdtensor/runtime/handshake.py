@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from jdtensor._wire import encode, split_host_port
@@ -17,7 +17,7 @@ from jdtensor.runtime.links import Links
 
 __all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "reserve_port", "run_id",
            "jobs_digest", "PROTOCOL", "STAGE_SECONDS", "CLIENT_STAGE_SECONDS",
-           "POLL_SECONDS", "FIRST_RETRY_SECONDS", "NONCE_RE", "RUN_RE", "send"]
+           "POLL_SECONDS", "retry_delays", "NONCE_RE", "RUN_RE", "send"]
 
 PROTOCOL = 2
 # The time a peer has for each stage of the handshake on client 0 (a
@@ -26,11 +26,15 @@ STAGE_SECONDS = 2.0
 # How long a client waits for client 0's answer at each stage.
 CLIENT_STAGE_SECONDS = 10.0
 POLL_SECONDS = 0.05
-# A client that finds client 0 not yet listening retries after FIRST_RETRY_SECONDS,
-# doubling up to POLL_SECONDS: clients started together reach the rendezvous
-# within milliseconds of each other, and a fixed 50 ms sleep put up to 50 ms
-# on every start-up's critical path; the cap keeps a long wait cheap.
-FIRST_RETRY_SECONDS = 0.002
+# A client that finds client 0 not yet listening tries again soon
+# (`retry_delays`): clients started together reach the rendezvous tens of
+# milliseconds apart, and a fixed POLL_SECONDS sleep put up to 50 ms on every
+# start-up's critical path. A failed attempt costs about 0.1 ms of CPU, so
+# after FAST_RETRY_WINDOW of waiting (client 0 is seconds late, as under
+# oversubscription) the attempts slow to POLL_SECONDS again.
+FIRST_RETRY_SECONDS = 0.001
+FAST_RETRY_SECONDS = 0.01
+FAST_RETRY_WINDOW = 1.0
 NONCE_RE = re.compile(r"[0-9a-f]{64}")
 RUN_RE = re.compile(r"[0-9a-f]{0,32}")
 
@@ -148,6 +152,21 @@ class Meeting(NamedTuple):
   links: Links
   heartbeat_port: int
   heartbeat_socket: socket.socket | None = None
+
+
+def retry_delays() -> Iterator[float]:
+  """Seconds to sleep before each next attempt to reach client 0.
+
+  Doubling from FIRST_RETRY_SECONDS to FAST_RETRY_SECONDS, which holds
+  through the first FAST_RETRY_WINDOW seconds of waiting (at most a
+  hundred attempts, about 10 ms of CPU); doubling then to POLL_SECONDS.
+  """
+  delay, waited = FIRST_RETRY_SECONDS, 0.0
+  while True:
+    yield delay
+    waited += delay
+    cap = FAST_RETRY_SECONDS if waited < FAST_RETRY_WINDOW else POLL_SECONDS
+    delay = min(2 * delay, cap)
 
 
 def send(sock: socket.socket, frame: dict[str, Any]) -> bool:

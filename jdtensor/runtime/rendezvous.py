@@ -48,11 +48,10 @@ from typing import Any
 from jdtensor._deadline import Deadline
 from jdtensor._wire import MAX_FRAME, Frames, handshake_proof, split_host_port
 from jdtensor.errors import StartupError, StartupTimeoutError
-from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, FIRST_RETRY_SECONDS,
-                                        NONCE_RE, POLL_SECONDS, PROTOCOL,
-                                        STAGE_SECONDS, Hello, Meeting,
-                                        bind_address, jobs_digest, reserve_port, run_id,
-                                        send)
+from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, NONCE_RE, POLL_SECONDS,
+                                        PROTOCOL, STAGE_SECONDS, Hello, Meeting,
+                                        bind_address, jobs_digest, reserve_port,
+                                        retry_delays, run_id, send)
 from jdtensor.runtime.links import Links
 
 __all__ = ["Hello", "Meeting", "bind_address", "reserve_port", "rendezvous",
@@ -146,7 +145,7 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
 def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
           deadline: float) -> Meeting:
   host, port = split_host_port(coordinator)
-  retry = FIRST_RETRY_SECONDS
+  delays = retry_delays()
   while True:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
@@ -168,8 +167,7 @@ def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
     try:
       sock = socket.create_connection((host, port), timeout=min(remaining, 2.0))
     except OSError:  # Not listening yet: try again soon, then less often.
-      time.sleep(min(retry, max(remaining, 0)))
-      retry = min(2 * retry, POLL_SECONDS)
+      time.sleep(min(next(delays), max(remaining, 0)))
       continue
     try:
       heartbeat_port = _handshake(me, secret, coordinator, sock, deadline)
