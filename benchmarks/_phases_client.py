@@ -13,9 +13,11 @@ At exit, after every other exit handler, it prints the CPU time of each
 Python thread, by name (``THREAD name seconds``): jdtensor's threads
 (heartbeat, watchdog, liveness links, helpers) are named ``jdtensor-*``, so
 their share of the client's CPU is theirs alone (C++ threads they start are
-not counted); and the CPU of the start-up's steps (``STEP name main_thread
+not counted); the CPU of the start-up's steps (``STEP name main_thread
 process``: the checks, the rendezvous, JAX's initialisation, the backend's
-start, the heartbeat's start), each timed around its function.
+start, the heartbeat's start), each timed around its function; and the wall
+clock of each phase's end and of each step's first call (``WALL name start
+end``, for `bench_timeline.py`).
 """
 
 import atexit
@@ -26,6 +28,9 @@ import time
 
 _THREAD_CPU: dict[str, float] = {}
 _STEP_CPU: dict[str, list[float]] = {}
+# Wall clock (time.time) of each phase's end and of each step's first call's
+# start and end, for `bench_timeline.py`.
+_WALL: dict[str, tuple[float, float]] = {}
 # The start-up's steps: (label, module, function), timed where they are called.
 STEPS = (("checks", "jdtensor.accelerator", "_plan"),
          ("rendezvous", "jdtensor.runtime.rendezvous", "rendezvous"),
@@ -61,6 +66,8 @@ def _record_thread_cpu() -> None:
       print(f"THREAD {name} {cpu:.4f}", flush=True)
     for name, (main_cpu, process_cpu) in _STEP_CPU.items():
       print(f"STEP {name}: {main_cpu:.4f} {process_cpu:.4f}", flush=True)
+    for name, (start, end) in _WALL.items():
+      print(f"WALL {name}: {start:.6f} {end:.6f}", flush=True)
   atexit.register(report)  # First registered, so it runs last.
 
 
@@ -78,10 +85,11 @@ def _time_steps(mode: str) -> None:
     fn = getattr(module, name)
 
     def timed(*args, _fn=fn, _label=label, **kwargs):
-      main, process = time.thread_time(), time.process_time()
+      main, process, wall = time.thread_time(), time.process_time(), time.time()
       try:
         return _fn(*args, **kwargs)
       finally:
+        _WALL.setdefault(_label, (wall, time.time()))
         totals = _STEP_CPU.setdefault(_label, [0.0, 0.0])
         totals[0] += time.thread_time() - main
         totals[1] += time.process_time() - process
@@ -91,9 +99,11 @@ def _time_steps(mode: str) -> None:
 def mark(phase: str) -> None:
   # CPU time of every thread of this process so far.
   print(f"PHASE {phase} {time.process_time():.4f}", flush=True)
+  _WALL["phase " + phase] = (time.time(), time.time())
 
 
 def main(mode: str) -> None:
+  _WALL["phase start"] = (time.time(), time.time())
   _record_thread_cpu()
   import jax
   import numpy as np

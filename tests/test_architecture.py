@@ -398,3 +398,22 @@ def test_the_instruction_benchmark_reads_one_callgrind_summary_per_client():
   for bad in ("", err + err.replace("2273", "2274")):
     with pytest.raises(ValueError, match="expected one callgrind summary"):
       bench_instructions.collected(bad)
+
+
+def test_the_timeline_benchmark_reads_the_critical_path_from_the_client_that_imported_last():
+  """`bench_timeline.py` measures from the last client's end of imports to
+  the last first psum, with the steps of that client (not of the first)."""
+  from benchmarks import bench_timeline  # pylint: disable=g-import-not-at-top
+  first = {"phase imports": (10.0, 10.0), "checks": (10.01, 10.012),
+           "rendezvous": (10.012, 10.3), "phase init": (10.35, 10.35),
+           "phase first": (10.45, 10.45)}
+  last = {"phase imports": (10.2, 10.2), "checks": (10.22, 10.221),
+          "rendezvous": (10.221, 10.3), "phase init": (10.36, 10.36),
+          "phase first": (10.5, 10.5)}
+  row = bench_timeline.critical_path([first, last])
+  assert row["to first psum"] == pytest.approx(300.0)
+  assert row["rendezvous"] == pytest.approx(79.0)
+  assert row["init path's imports"] == pytest.approx(20.0)
+  assert row["after init"] == pytest.approx(140.0)
+  assert row["client 0 last"] == 0.0
+  assert bench_timeline.critical_path([last, first])["client 0 last"] == 1.0
