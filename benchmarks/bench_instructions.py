@@ -36,7 +36,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_startup_cpu import _CACHED, CLIENT, client_env, free_ports  # noqa: E402
+from benchmarks.bench_startup_cpu import (_CACHED, CLIENT, client_env,  # noqa: E402
+                                          communicate_all, free_ports)
 
 CONTENDERS = {"raw JAX": ("raw", {}), "jdtensor": ("jdtensor", {}),
               "jdtensor, heartbeat off": ("jdtensor", {"DTENSOR_ENABLE_HEARTBEAT": "false"})}
@@ -72,13 +73,7 @@ def one_run(mode: str, extra: dict[str, str], clients: int, devices: int,
       env = client_env(jobs, c, devices, {**_CACHED, **UNDER_VALGRIND, **extra})
       procs.append(subprocess.Popen([*prefix, sys.executable, CLIENT, mode], env=env,
                                     stdout=subprocess.PIPE, stderr=errs[-1], text=True))
-    try:
-      outs = [proc.communicate(timeout=timeout)[0] for proc in procs]
-    finally:
-      for proc in procs:
-        if proc.poll() is None:
-          proc.kill()
-          proc.wait(timeout=30)
+    outs = communicate_all(procs, timeout)
     counts = []
     for c, (proc, out, err) in enumerate(zip(procs, outs, errs)):
       err.seek(0)

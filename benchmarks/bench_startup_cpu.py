@@ -66,6 +66,18 @@ def client_env(jobs: str, client: int, devices: int, extra: dict[str, str]
   return env
 
 
+def communicate_all(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+  """Each process's stdout once it ends; the ones still running are killed
+  if one overruns `timeout` (seconds each) or the caller is interrupted."""
+  try:
+    return [proc.communicate(timeout=timeout)[0] for proc in procs]
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def one_run(mode: str, extra: dict[str, str], clients: int, devices: int,
             timeout: float = 300.0) -> list[dict[str, float]]:
   """Per client: CPU seconds spent in each phase, and in all."""

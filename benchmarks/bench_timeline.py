@@ -25,7 +25,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_startup_cpu import _CACHED, CLIENT, client_env, free_ports  # noqa: E402
+from benchmarks.bench_startup_cpu import (_CACHED, CLIENT, client_env,  # noqa: E402
+                                          communicate_all, free_ports)
 
 # A raw JAX round whose initialisation took longer than this hit the back-off.
 BACKOFF_SECONDS = 0.3
@@ -38,13 +39,7 @@ def one_run(mode: str, clients: int, timeout: float = 300.0) -> list[dict[str, t
                             env=client_env(jobs, c, 1, dict(_CACHED)),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
            for c in range(clients)]
-  try:
-    outs = [proc.communicate(timeout=timeout)[0] for proc in procs]
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait(timeout=30)
+  outs = communicate_all(procs, timeout)
   events = []
   for c, (proc, out) in enumerate(zip(procs, outs)):
     if proc.returncode != 0:
