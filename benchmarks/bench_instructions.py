@@ -4,10 +4,10 @@
 
 CPU seconds on this shared 2-core machine spread about ±5% between rounds
 (`import jax` alone moves 30-80 ms a client), so no timed run can show 1.05x
-(issue #23). Instructions retired do not depend on what else the machine is
-doing: each client runs under valgrind's callgrind (``valgrind`` from
-Debian's packages; about 60 times slower), and its whole process's count,
-every thread from start to exit, is read from callgrind's summary.
+(issue #23). Instructions retired move far less: each client runs under
+valgrind's callgrind (``valgrind`` from Debian's packages; about 60 times
+slower), and its whole process's count, every thread from start to exit, is
+read from callgrind's summary.
 
 Each contender starts N clients by hand doing the same work
 (`_phases_client.py`: imports, initialisation, a mesh and one cross-client
@@ -20,7 +20,11 @@ The heartbeat's period is raised to 120 s and the time-outs to 1200 s under
 valgrind: a 1.4 s start-up takes about 80 s there, and a 2 s period would beat
 40 times where a real run beats once or twice (the first exchange and the
 last). Instruction counts are a proxy for CPU time, not a measure of it: a
-cold process's cache misses cost time that callgrind does not count.
+cold process's cache misses cost time that callgrind does not count. Nor are
+counts wholly independent of load: code that polls or spins (gRPC, XLA's thread
+pools) runs more often when it waits longer, so a raw JAX client measured
+beside a test suite counted 0.7% more than on an idle machine, where two
+rounds agree to 0.02%. Run it alone.
 """
 
 from __future__ import annotations
@@ -30,14 +34,12 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_startup_cpu import (_CACHED, CLIENT, client_env,  # noqa: E402
-                                          communicate_all, free_ports)
+from benchmarks.bench_startup_cpu import _CACHED, communicate_all, start_clients  # noqa: E402
 
 CONTENDERS = {"raw JAX": ("raw", {}), "jdtensor": ("jdtensor", {}),
               "jdtensor, heartbeat off": ("jdtensor", {"DTENSOR_ENABLE_HEARTBEAT": "false"})}
@@ -63,22 +65,24 @@ def collected(stderr: str) -> int:
 def one_run(mode: str, extra: dict[str, str], clients: int, devices: int,
             valgrind: bool = True, timeout: float = 1800.0) -> list[int]:
   """Each client's instruction count (none without `valgrind`: a warm-up)."""
-  jobs = ",".join(f"localhost:{p}" for p in free_ports(clients))
-  prefix = (["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
-            if valgrind else [])
+  prefix = (("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
+            if valgrind else ())
   with tempfile.TemporaryDirectory(prefix="jdtensor-bench-cg-") as tmp:
-    procs, errs = [], []
-    for c in range(clients):
-      errs.append(open(os.path.join(tmp, f"{c}.err"), "w+"))  # pylint: disable=consider-using-with
-      env = client_env(jobs, c, devices, {**_CACHED, **UNDER_VALGRIND, **extra})
-      procs.append(subprocess.Popen([*prefix, sys.executable, CLIENT, mode], env=env,
-                                    stdout=subprocess.PIPE, stderr=errs[-1], text=True))
-    outs = communicate_all(procs, timeout)
+    errs = [open(os.path.join(tmp, f"{c}.err"), "w+")  # pylint: disable=consider-using-with
+            for c in range(clients)]
+    try:
+      procs = start_clients(mode, clients, devices, {**_CACHED, **UNDER_VALGRIND, **extra},
+                            prefix, errs)
+      outs = communicate_all(procs, timeout)
+      texts = []
+      for err in errs:
+        err.seek(0)
+        texts.append(err.read())
+    finally:
+      for err in errs:
+        err.close()
     counts = []
-    for c, (proc, out, err) in enumerate(zip(procs, outs, errs)):
-      err.seek(0)
-      text = err.read()
-      err.close()
+    for c, (proc, out, text) in enumerate(zip(procs, outs, texts)):
       if proc.returncode != 0 or "FIRST_COLLECTIVE_AT" not in out:
         raise RuntimeError(f"{mode}: client {c} ended with {proc.returncode}: "
                            f"{out[-500:]}{text[-1500:]}")

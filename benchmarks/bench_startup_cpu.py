@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIENT = os.path.join(ROOT, "benchmarks", "_phases_client.py")
@@ -66,11 +67,31 @@ def client_env(jobs: str, client: int, devices: int, extra: dict[str, str]
   return env
 
 
+def start_clients(mode: str, clients: int, devices: int, extra: dict[str, str],
+                  prefix: tuple[str, ...] = (), stderrs: list[Any] | None = None
+                  ) -> list[subprocess.Popen]:
+  """Starts `clients` of `CLIENT` in `mode` (under `prefix`, a wrapper such as
+  valgrind), stdout piped, stderr to `stderrs[c]` or discarded."""
+  jobs = ",".join(f"localhost:{p}" for p in free_ports(clients))
+  return [subprocess.Popen([*prefix, sys.executable, CLIENT, mode],
+                           env=client_env(jobs, c, devices, extra), stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL if stderrs is None else stderrs[c],
+                           text=True)
+          for c in range(clients)]
+
+
 def communicate_all(procs: list[subprocess.Popen], timeout: float) -> list[str]:
-  """Each process's stdout once it ends; the ones still running are killed
-  if one overruns `timeout` (seconds each) or the caller is interrupted."""
+  """Each process's stdout once it ends, all within `timeout` seconds; the
+  ones still running are killed if they overrun it or the caller is
+  interrupted.
+
+  Raises:
+    subprocess.TimeoutExpired: They did not all end in time.
+  """
+  deadline = time.monotonic() + timeout
   try:
-    return [proc.communicate(timeout=timeout)[0] for proc in procs]
+    return [proc.communicate(timeout=max(deadline - time.monotonic(), 0.01))[0]
+            for proc in procs]
   finally:
     for proc in procs:
       if proc.poll() is None:
@@ -81,24 +102,8 @@ def communicate_all(procs: list[subprocess.Popen], timeout: float) -> list[str]:
 def one_run(mode: str, extra: dict[str, str], clients: int, devices: int,
             timeout: float = 300.0) -> list[dict[str, float]]:
   """Per client: CPU seconds spent in each phase, and in all."""
-  jobs = ",".join(f"localhost:{p}" for p in free_ports(clients))
-  procs = []
-  for c in range(clients):
-    procs.append(subprocess.Popen([sys.executable, CLIENT, mode],
-                                  env=client_env(jobs, c, devices, extra),
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                  text=True))
-  deadline = time.monotonic() + timeout
-  out = []
-  for proc in procs:
-    while proc.poll() is None and time.monotonic() < deadline:
-      time.sleep(0.01)
-    if proc.poll() is None:
-      for p in procs:
-        p.kill()
-      raise RuntimeError(f"{mode}: a client did not end within {timeout} s")
-    text = proc.stdout.read()
-    out.append((proc, text))
+  procs = start_clients(mode, clients, devices, extra)
+  out = list(zip(procs, communicate_all(procs, timeout)))
   rows = []
   for proc, text in out:
     marks = {line.split()[1]: float(line.split()[2]) for line in text.splitlines()

@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_startup_cpu import (_CACHED, CLIENT, client_env,  # noqa: E402
-                                          communicate_all, free_ports)
+from benchmarks.bench_startup_cpu import _CACHED, communicate_all, start_clients  # noqa: E402
 
 # A raw JAX round whose initialisation took longer than this hit the back-off.
 BACKOFF_SECONDS = 0.3
@@ -34,11 +32,7 @@ BACKOFF_SECONDS = 0.3
 
 def one_run(mode: str, clients: int, timeout: float = 300.0) -> list[dict[str, tuple[float, float]]]:
   """Each client's ``WALL`` events: name -> (start, end), seconds."""
-  jobs = ",".join(f"localhost:{p}" for p in free_ports(clients))
-  procs = [subprocess.Popen([sys.executable, CLIENT, mode],
-                            env=client_env(jobs, c, 1, dict(_CACHED)),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-           for c in range(clients)]
+  procs = start_clients(mode, clients, 1, dict(_CACHED))
   outs = communicate_all(procs, timeout)
   events = []
   for c, (proc, out) in enumerate(zip(procs, outs)):

@@ -57,8 +57,8 @@ SECTIONS = {  # key -> (title, intro)
                      "`python benchmarks/bench_instructions.py`: each client's "
                      "instructions under valgrind's callgrind, raw JAX vs jdtensor "
                      "(heartbeat on and off), every module's bytecode from one "
-                     "cache: a CPU figure that does not move with the machine's "
-                     "load (issue #23's 1.05x)."),
+                     "cache: a CPU figure far steadier than CPU seconds (issue "
+                     "#23's 1.05x); run it on an otherwise idle machine."),
     "scaling": ("Start-up scaling, 2 to 32 clients",
                 "`python benchmarks/bench_scaling.py`: cold start (raw JAX, "
                 "jdtensor as installed and from source, `jdtensor launch`, TF "
