@@ -116,7 +116,8 @@ def test_a_late_finisher_is_waited_for_and_the_run_ends_with_0(devices, late_cli
 
 @DEVICES
 def test_a_long_computation_on_its_own_devices_is_never_a_staller(devices):
-  res, out, err, after = run(devices, "busy", bad=1, ITERS="20000",
+  # One call of at least 7 s, on this machine, fast or slow.
+  res, out, err, after = run(devices, "busy", bad=1, BUSY_SECONDS="7",
                              JDTENSOR_STALL_TIMEOUT="3")
   busy = re.search(r"BUSY ([\d.]+)", out)
   assert busy and float(busy.group(1)) > 6, out  # Twice the stall time-out.

@@ -2,7 +2,8 @@
 BAD does, READ how every client reads its result.
 
     SCEN=stall|exit0|late_first|late_end|busy|exitfalse|daemon|fork|atexit_raise|none
-    READ=kept|temporary  BAD=1  STEPS=20  LATE=<seconds>  GUARD=1 (jax.thread_guard)
+    READ=kept|temporary  BAD=1  STEPS=20  LATE=<seconds>  BUSY_SECONDS=<seconds>
+    GUARD=1 (jax.thread_guard)
 
 Every client runs STEPS steps of a psum over a `jax.make_mesh` mesh of every
 device (one or more per client) and checks each result. At step 3, client BAD
@@ -14,7 +15,8 @@ misbehaves and prints ``MISBEHAVING <unix time>`` first:
   ``absltest.main()`` does);
 * late_first: sleeps LATE s before its first collective (a slow set-up);
 * late_end: works LATE s after its last step (a long final save);
-* busy: a long computation on its own devices (JAX, not a collective);
+* busy: a long computation on its own devices (JAX, not a collective), one
+  XLA call of at least BUSY_SECONDS s;
 * daemon: every client leaves a daemon thread issuing psums at its end;
 * fork: forks a child that ends with ``sys.exit(0)``;
 * atexit_raise: every client registers an exit handler (it prints
@@ -84,12 +86,21 @@ for step in range(int(os.environ.get("STEPS", "20"))):
       sys.exit(0 if scen == "exit0" else False)
     if scen == "busy":
       announce()
-      spin = jax.jit(lambda a: jax.lax.fori_loop(
-          0, int(os.environ.get("ITERS", "4000")),
-          lambda i, v: jnp.tanh(v @ v), a))
-      t = time.time()
-      jax.block_until_ready(spin(jnp.full((256, 256), 0.01, jnp.float32)))
-      print(f"BUSY {time.time() - t:.1f}", flush=True)
+      # One XLA call of at least BUSY_SECONDS, whatever the machine's speed
+      # or load: the trip count is an argument (one compile), grown from a
+      # short call until one call lasts long enough. BUSY is the longest.
+      spin = jax.jit(lambda a, iters: jax.lax.fori_loop(
+          0, iters, lambda i, v: jnp.tanh(v @ v), a))
+      a, iters, longest = jnp.full((256, 256), 0.01, jnp.float32), 300, 0.0
+      target = float(os.environ.get("BUSY_SECONDS", "2"))
+      jax.block_until_ready(spin(a, 1))
+      while longest < target:
+        t = time.perf_counter()
+        jax.block_until_ready(spin(a, iters))
+        took = time.perf_counter() - t
+        longest = max(longest, took)
+        iters = int(iters * min(max(1.3 * target / max(took, 1e-3), 1.5), 1000))
+      print(f"BUSY {longest:.1f}", flush=True)
     if scen == "fork":
       announce()
       pid = os.fork()
