@@ -96,14 +96,11 @@ def test_unauthenticated_clients_still_meet():
     close(out)
 
 
-def test_a_client_before_client_0_retries_within_10_ms_and_still_meets(monkeypatch):
-  """Clients started together reach the rendezvous tens of milliseconds
-  apart: one that finds client 0 not yet listening tries again after 1 ms,
-  doubling to 10 ms (a fixed 50 ms put up to 50 ms on the start-up's critical
-  path), and meets client 0 when it comes."""
+def record_sleeps(monkeypatch):
+  """The rendezvous module's `time`, with its sleeps recorded in the list returned."""
   sleeps = []
 
-  class Clock:  # The module's `time`, with its sleeps recorded.
+  class Clock:
     monotonic = staticmethod(time.monotonic)
 
     @staticmethod
@@ -111,6 +108,15 @@ def test_a_client_before_client_0_retries_within_10_ms_and_still_meets(monkeypat
       sleeps.append(seconds)
       time.sleep(seconds)
   monkeypatch.setattr(rendezvous_mod, "time", Clock)
+  return sleeps
+
+
+def test_a_client_before_client_0_retries_within_10_ms_and_still_meets(monkeypatch):
+  """Clients started together reach the rendezvous tens of milliseconds
+  apart: one that finds client 0 not yet listening tries again after 1 ms,
+  doubling to 10 ms (a fixed 50 ms put up to 50 ms on the start-up's critical
+  path), and meets client 0 when it comes."""
+  sleeps = record_sleeps(monkeypatch)
   jobs = cluster(2)
   out = meet([hello(jobs, c) for c in range(2)], [SECRET] * 2, client_0_late_by=0.3)
   try:
@@ -137,16 +143,7 @@ def test_jax_s_service_is_polled_every_ms_then_every_5_ms(monkeypatch):
   """After the rendezvous JAX's service listens a few ms later: a client
   polls it every 1 ms (5 ms put a mean 2.5 ms on the critical path), for
   half a second, then every 5 ms, and returns when it listens."""
-  sleeps = []
-
-  class Clock:  # The module's `time`, with its sleeps recorded.
-    monotonic = staticmethod(time.monotonic)
-
-    @staticmethod
-    def sleep(seconds):
-      sleeps.append(seconds)
-      time.sleep(seconds)
-  monkeypatch.setattr(rendezvous_mod, "time", Clock)
+  sleeps = record_sleeps(monkeypatch)
   port = free_ports(1)[0]
   server = socket.socket()
   server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
