@@ -18,7 +18,7 @@ import json
 from typing import Any
 
 __all__ = ["MAX_FRAME", "Frames", "encode", "handshake_proof", "split_host_port",
-           "format_host_port"]
+           "format_host_port", "socket_host"]
 
 # The largest frame accepted on the coordinator port, the links and between
 # launchers.
@@ -88,6 +88,19 @@ def split_host_port(address: str) -> tuple[str, int]:
   """``'host:port'`` or ``'[v6]:port'`` -> (host, port)."""
   host, _, port = address.rpartition(":")
   return host.strip("[]"), int(port)
+
+
+def socket_host(host: str) -> str | bytes:
+  """`host` as `socket.getaddrinfo` (and `socket.create_connection`) take it
+  without loading the ``idna`` codec.
+
+  CPython encodes a ``str`` host with ``idna``, and the codec's first use
+  imports ``encodings.idna``, ``stringprep`` and ``unicodedata``: about 2 ms,
+  measured, on every client's start-up path, which raw JAX never pays. An
+  ASCII name is the same name as bytes; any other goes through ``idna`` as
+  before.
+  """
+  return host.encode("ascii") if host.isascii() else host
 
 
 def format_host_port(host: str, port: int) -> str:

@@ -19,7 +19,7 @@ import time
 from typing import IO, Any
 
 from jdtensor._deadline import Deadline
-from jdtensor._wire import Frames, encode, handshake_proof, split_host_port
+from jdtensor._wire import Frames, encode, handshake_proof, socket_host, split_host_port
 from jdtensor.launcher.spec import LaunchSpec
 
 __all__ = ["Channel", "NodeError", "serve", "join"]
@@ -206,7 +206,7 @@ def join(spec: LaunchSpec, deadline: Deadline) -> tuple[Channel, str]:
   host, port = split_host_port(spec.coordinator or "")
   while True:
     try:
-      sock = socket.create_connection((host, port),
+      sock = socket.create_connection((socket_host(host), port),
                                       timeout=max(0.1, min(deadline.remaining(), 2.0)))
       break
     except OSError:

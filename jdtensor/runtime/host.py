@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jdtensor import _logging as logging
-from jdtensor._wire import MAX_FRAME, Frames, format_host_port, handshake_proof
+from jdtensor._wire import (MAX_FRAME, Frames, format_host_port, handshake_proof,
+                            socket_host)
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.runtime.handshake import (NONCE_RE, PROTOCOL, RUN_RE, STAGE_SECONDS,
                                         Hello, Meeting, PeerHello, jobs_digest,
@@ -30,7 +31,7 @@ __all__ = ["serve"]
 
 def _listen(host: str, port: int, coordinator: str) -> socket.socket:
   try:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    infos = socket.getaddrinfo(socket_host(host), port, type=socket.SOCK_STREAM)
   except socket.gaierror as e:
     raise StartupError(
         f"Client 0 cannot start the coordinator: the host of DTENSOR_JOBS[0]="

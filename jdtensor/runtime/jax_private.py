@@ -40,7 +40,7 @@ import numpy as np
 
 from jdtensor import _jaxlib_texts
 from jdtensor._jaxlib_texts import PROBES as TEXT_PROBES
-from jdtensor._wire import format_host_port
+from jdtensor._wire import format_host_port, socket_host
 
 __all__ = [
     "MISSING",
@@ -252,9 +252,10 @@ def _wait_until_listening(host: str, port: int, limit: float) -> bool:
   connections until the service listens (`rendezvous.reserve_port`).
   """
   deadline = time.monotonic() + limit
+  name = socket_host(host)
   while True:
     try:
-      socket.create_connection((host, port), timeout=1.0).close()
+      socket.create_connection((name, port), timeout=1.0).close()
       return True
     except OSError:
       if time.monotonic() >= deadline:

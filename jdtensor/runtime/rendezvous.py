@@ -46,7 +46,7 @@ import time
 from typing import Any
 
 from jdtensor._deadline import Deadline
-from jdtensor._wire import MAX_FRAME, Frames, handshake_proof, split_host_port
+from jdtensor._wire import MAX_FRAME, Frames, handshake_proof, socket_host, split_host_port
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, NONCE_RE, POLL_SECONDS,
                                         PROTOCOL, STAGE_SECONDS, Hello, Meeting,
@@ -145,6 +145,7 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
 def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
           deadline: float) -> Meeting:
   host, port = split_host_port(coordinator)
+  name = socket_host(host)
   delays = retry_delays()
   while True:
     remaining = deadline - time.monotonic()
@@ -156,7 +157,7 @@ def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
           "coordinator), check that every client has the same DTENSOR_JOBS, or "
           "raise the init timeout (JDTENSOR_INIT_TIMEOUT).")
     try:
-      socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+      socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
       if e.errno == socket.EAI_AGAIN:  # Name service busy: try again.
         time.sleep(POLL_SECONDS)
@@ -165,7 +166,7 @@ def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
           f"Client {me.client_id}: the host of DTENSOR_JOBS[0]={coordinator!r} "
           f"({host!r}) does not resolve ({e}). Fix DTENSOR_JOBS.") from None
     try:
-      sock = socket.create_connection((host, port), timeout=min(remaining, 2.0))
+      sock = socket.create_connection((name, port), timeout=min(remaining, 2.0))
     except OSError:  # Not listening yet: try again soon, then less often.
       time.sleep(min(next(delays), max(remaining, 0)))
       continue
@@ -201,10 +202,11 @@ def wait_for_service(coordinator: str, deadline: Deadline, client_id: int) -> No
     StartupTimeoutError: If it does not come up by `deadline`.
   """
   host, port = split_host_port(coordinator)
+  name = socket_host(host)
   started = time.monotonic()
   while not deadline.expired():
     try:
-      socket.create_connection((host, port),
+      socket.create_connection((name, port),
                                timeout=min(1.0, max(deadline.remaining(), 0.01))).close()
       return
     except OSError:  # A refused connect costs microseconds: poll fast at first.

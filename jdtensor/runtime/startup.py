@@ -39,7 +39,8 @@ def _job_host_on_this_machine(env: _env.ClusterEnv) -> str | None:
     return None
   host, _ = _wire.split_host_port(entry)
   try:
-    family, _, _, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    family, _, _, _, sockaddr = socket.getaddrinfo(_wire.socket_host(host), 0,
+                                                   type=socket.SOCK_STREAM)[0]
     with socket.socket(family, socket.SOCK_STREAM) as probe:
       probe.bind(sockaddr[:2] if family == socket.AF_INET else sockaddr)
   except OSError:

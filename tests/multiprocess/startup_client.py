@@ -226,6 +226,8 @@ def scenario_loaded_modules():
   hb = heartbeat.current()
   result("heartbeat_ready", hb is not None and hb.ready.wait(30))
   result("modules", sorted(m for m in sys.modules if m.startswith("jdtensor")))
+  result("idna_modules", sorted(
+      m for m in ("encodings.idna", "stringprep", "unicodedata") if m in sys.modules))
   result("compiled_patterns", sorted(
       name for name in _jaxlib_texts._PATTERNS if name in vars(_jaxlib_texts)))  # pylint: disable=protected-access
 

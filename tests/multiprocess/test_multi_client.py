@@ -67,6 +67,7 @@ def test_a_cpu_start_up_loads_only_what_it_uses(monkeypatch):
   for c in (0, 1):
     assert r[c]["heartbeat_ready"] is True
     assert r[c]["compiled_patterns"] == []
+    assert r[c]["idna_modules"] == []
     loaded = set(r[c]["modules"])
     assert {"jdtensor.accelerator", "jdtensor.heartbeat.protocol",
             "jdtensor.layout"} <= loaded, loaded
