@@ -1,7 +1,7 @@
 """Two clients' start-up by the wall clock: where jdtensor's critical path is
 longer than raw JAX's.
 
-    python benchmarks/bench_timeline.py [--repeats N] [--clients 2]
+    python benchmarks/bench_timeline.py [--repeats N] [--clients 2] [--heartbeat-off]
 
 Each round starts the clients of each contender by hand, as
 `bench_startup_cpu.py` does (`_phases_client.py`, every module's bytecode
@@ -13,6 +13,9 @@ rounds split in two: a client that connects before the coordinator's gRPC
 service listens backs off for about a second, one that does not escapes it;
 they are reported apart. jdtensor's rounds split by which client reached the
 rendezvous last (client 0 then starts its server while the other waits).
+With ``--heartbeat-off``, each round also runs jdtensor with
+``DTENSOR_ENABLE_HEARTBEAT=false`` (one group): what the heartbeat's start
+and its threads put on the path.
 """
 
 from __future__ import annotations
@@ -30,9 +33,13 @@ from benchmarks.bench_startup_cpu import _CACHED, communicate_all, start_clients
 BACKOFF_SECONDS = 0.3
 
 
-def one_run(mode: str, clients: int, timeout: float = 300.0) -> list[dict[str, tuple[float, float]]]:
+HEARTBEAT_OFF = {"DTENSOR_ENABLE_HEARTBEAT": "false"}
+
+
+def one_run(mode: str, clients: int, timeout: float = 300.0,
+            extra: dict[str, str] | None = None) -> list[dict[str, tuple[float, float]]]:
   """Each client's ``WALL`` events: name -> (start, end), seconds."""
-  procs = start_clients(mode, clients, 1, dict(_CACHED))
+  procs = start_clients(mode, clients, 1, {**_CACHED, **(extra or {})})
   outs = communicate_all(procs, timeout)
   events = []
   for c, (proc, out) in enumerate(zip(procs, outs)):
@@ -70,14 +77,21 @@ def main(argv=None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=12)
   parser.add_argument("--clients", type=int, default=2)
+  parser.add_argument("--heartbeat-off", action="store_true",
+                      help="also run jdtensor with its heartbeat off, each round")
   args = parser.parse_args(argv)
+  contenders = [("raw", None), ("jdtensor", None)]
+  if args.heartbeat_off:
+    contenders.append(("jdtensor", HEARTBEAT_OFF))
   for mode in ("raw", "jdtensor"):  # Fills the bytecode cache.
     one_run(mode, args.clients)
   rows: dict[str, list[dict[str, float]]] = {}
   for _ in range(args.repeats):
-    for mode in ("raw", "jdtensor"):
-      row = critical_path(one_run(mode, args.clients))
-      if mode == "raw":
+    for mode, extra in contenders:
+      row = critical_path(one_run(mode, args.clients, extra=extra))
+      if extra:
+        group = "jdtensor, heartbeat off"
+      elif mode == "raw":
         group = ("raw JAX, back-off hit" if row.get("jax.distributed.initialize", 0)
                  > 1e3 * BACKOFF_SECONDS else "raw JAX, back-off escaped")
       else:
@@ -89,7 +103,8 @@ def main(argv=None) -> str:
            "steps of the client that imported last (medians over the rounds of each "
            "group):", "", "| group | rounds | to first psum | steps |", "|---|---:|---:|---|"]
   for group in ("raw JAX, back-off escaped", "raw JAX, back-off hit",
-                "jdtensor, another client last", "jdtensor, client 0 last"):
+                "jdtensor, another client last", "jdtensor, client 0 last",
+                *(["jdtensor, heartbeat off"] if args.heartbeat_off else [])):
     if group not in rows:
       lines.append(f"| {group} | 0 | | |")
       continue
