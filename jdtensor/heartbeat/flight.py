@@ -189,18 +189,26 @@ def calls_into_jax(frame: Any, sites: _CallSites = _SITES) -> bool:
 
 
 def inside_jax(frame: Any, jax_dirs: tuple[str, ...] | None = None,
-               sites: _CallSites = _SITES) -> bool:
+               sites: _CallSites = _SITES) -> bool | None:
   """Whether a thread whose innermost frame is `frame` is inside JAX: a frame
-  of JAX's (or orbax's) code on its stack, or a call into JAX's C++ code."""
+  of JAX's (or orbax's) code on its stack, or a call into JAX's C++ code.
+
+  None when its stack cannot be read now. CPython 3.11 can hand another
+  thread a frame that is being torn down (seen under Keras 3's ``fit``: a
+  frame whose ``f_code`` was a str); the caller keeps what it knew.
+  """
   if frame is None:
     return False
   # Read each time: orbax may be imported after the heartbeat started.
   dirs = (jax_dirs if jax_dirs is not None else _package_dirs()) or ("\0",)
   innermost = frame
-  while frame is not None:
-    if frame.f_code.co_filename.startswith(dirs):
-      return True
-    frame = frame.f_back
+  try:
+    while frame is not None:
+      if frame.f_code.co_filename.startswith(dirs):
+        return True
+      frame = frame.f_back
+  except (AttributeError, TypeError):
+    return None
   try:
     return calls_into_jax(innermost, sites)
   except Exception:  # pylint: disable=broad-except
@@ -211,9 +219,10 @@ def threads_inside_jax() -> list[str]:
   """Names of the live background threads (not jdtensor's) inside JAX now."""
   frames = sys._current_frames()  # pylint: disable=protected-access
   main = threading.main_thread()
+  # A thread whose stack cannot be read now (None) counts as not inside JAX.
   return [t.name for t in threading.enumerate()
           if t is not main and not t.name.startswith("jdtensor") and t.is_alive()
-          and inside_jax(frames.get(t.ident))]
+          and inside_jax(frames.get(t.ident)) is True]
 
 
 def stack_top(frame: Any, depth: int = 3) -> str:
@@ -230,8 +239,11 @@ def format_stacks(frames: dict[int, Any] | None = None) -> str:
   main = threading.main_thread().ident
   out = []
   for ident in sorted(frames, key=lambda i: (i != main, names.get(i, ""))):
-    out.append(f"Thread {names.get(ident, ident)!r} (most recent call last):\n"
-               + "".join(traceback.format_stack(frames[ident])).rstrip())
+    try:
+      stack = "".join(traceback.format_stack(frames[ident])).rstrip()
+    except (AttributeError, TypeError):  # Torn down under us (see inside_jax).
+      stack = "  (its stack could not be read)"
+    out.append(f"Thread {names.get(ident, ident)!r} (most recent call last):\n" + stack)
   return "\n".join(out)
 
 
@@ -275,8 +287,9 @@ class MainThreadRecorder:
     self.since = clock()
     self._last = (self.since, self._main_cpu() if self._main_cpu else 0.0)
 
-  def in_jax(self, frame: Any) -> bool:
-    """Whether the main thread (innermost `frame`) is inside JAX."""
+  def in_jax(self, frame: Any) -> bool | None:
+    """Whether the main thread (innermost `frame`) is inside JAX (None: its
+    stack cannot be read now; see `inside_jax`)."""
     return inside_jax(frame, self._jax_dirs, self._sites)
 
   def _main_idle(self, now: float, process_idle: bool) -> bool:
@@ -301,10 +314,14 @@ class MainThreadRecorder:
     process_idle = busy < idle_percent
     main_idle = self._main_idle(now, process_idle)
     frame = self._main_frame()
+    inside = None if self.at_exit else self.in_jax(frame)
     if self.at_exit:
       # Whatever its background threads still hold: its script is done.
       phase = AT_EXIT
-    elif self.in_jax(frame):
+    elif inside is None:
+      # An unreadable stack says nothing: keep the phase and its clock.
+      return self.phase, now - self.since
+    elif inside:
       phase = WAITING if main_idle else IN_JAX
     elif main_idle and spans_every_process(self._live_arrays(), self.num_processes):
       phase = WAITING
@@ -319,7 +336,12 @@ class MainThreadRecorder:
   def where(self) -> str:
     """Where the main thread is: its innermost frames."""
     frame = self._main_frame()
-    return "(the main thread has ended)" if frame is None else stack_top(frame)
+    if frame is None:
+      return "(the main thread has ended)"
+    try:
+      return stack_top(frame)
+    except (AttributeError, TypeError):  # Torn down under us (see inside_jax).
+      return "(the main thread's stack could not be read)"
 
 
 def _main_frame() -> Any:

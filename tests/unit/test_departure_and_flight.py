@@ -163,6 +163,33 @@ def test_recorder_inside_jax_is_waiting_when_idle_and_busy_when_not():
   assert rec.sample(busy=2)[0] == flight.RUNNING
 
 
+def torn_frame():
+  """What CPython 3.11 once handed the heartbeat for the main thread under
+  Keras 3's fit: a frame whose f_code was a str."""
+  return types.SimpleNamespace(f_code="<freed>", f_back=None, f_lasti=0)
+
+
+def test_an_unreadable_main_stack_keeps_the_phase_and_its_clock():
+  frame = [fake_frame("/work/train.py", fake_frame("/site/jax/_src/compiler.py"))]
+  rec, now, cpu = recorder(frame=frame)
+  assert rec.sample(busy=2)[0] == flight.WAITING
+  frame[0] = torn_frame()
+  now[0] = 14.0
+  assert rec.sample(busy=2) == (flight.WAITING, 4.0)  # No exception, no new phase.
+  assert rec.where() == "(the main thread's stack could not be read)"
+  frame[0] = fake_frame("/work/data.py")
+  now[0] = 15.0
+  assert rec.sample(busy=2)[0] == flight.RUNNING
+
+
+def test_an_unreadable_stack_is_none_and_not_a_thread_inside_jax():
+  assert flight.inside_jax(torn_frame(), ("/site/jax/",)) is None
+  assert flight.inside_jax(fake_frame("/work/a.py", torn_frame()), ("/site/jax/",)) is None
+  assert flight.inside_jax(fake_frame("/site/jax/x.py", torn_frame()), ("/site/jax/",))
+  stacks = flight.format_stacks({threading.main_thread().ident: torn_frame()})
+  assert "(its stack could not be read)" in stacks
+
+
 class PjitFunction:
   """Looks like a jitted function: JAX's C++ type, called without a Python frame."""
   __module__ = "jaxlib._jax"
