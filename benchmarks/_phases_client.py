@@ -17,16 +17,22 @@ not counted); the CPU of the start-up's steps (``STEP name main_thread
 process``: the checks, the rendezvous, JAX's initialisation, the backend's
 start, the heartbeat's start), each timed around its function; and the wall
 clock of each phase's end and of each step's first call (``WALL name start
-end``, for `bench_timeline.py`).
+end``, for `bench_timeline.py`); how often each thread blocked (``SWITCHES
+name count``: voluntary context switches) and the process's switches and page
+faults at each phase's end (``RUSAGE phase voluntary involuntary faults``);
+and the CPU of every OS thread alive at exit by its kernel name (``TASK
+name: seconds``: gRPC's, XLA's and Python's, which are all ``python``).
 """
 
 import atexit
 import os
+import resource
 import sys
 import threading
 import time
 
 _THREAD_CPU: dict[str, float] = {}
+_THREAD_SWITCHES: dict[str, int] = {}
 _STEP_CPU: dict[str, list[float]] = {}
 # Wall clock (time.time) of each phase's end and of each step's first call's
 # start and end, for `bench_timeline.py`.
@@ -40,9 +46,22 @@ STEPS = (("checks", "jdtensor.accelerator", "_plan"),
          ("heartbeat start", "jdtensor.heartbeat", "start_with"))
 
 
+def _voluntary_switches(native_id: int) -> int:
+  """How often a live thread of this process gave up its CPU (blocked)."""
+  try:
+    with open(f"/proc/self/task/{native_id}/status") as f:
+      for line in f:
+        if line.startswith("voluntary_ctxt_switches:"):
+          return int(line.split()[1])
+  except (OSError, ValueError):
+    pass
+  return 0
+
+
 def _record_thread_cpu() -> None:
-  """Each Python thread adds its CPU time to `_THREAD_CPU` when it ends; at
-  exit, the threads still alive are read from their CPU clocks."""
+  """Each Python thread adds its CPU time to `_THREAD_CPU` (and how often it
+  blocked to `_THREAD_SWITCHES`) when it ends; at exit, the threads still
+  alive are read from their CPU clocks and /proc."""
   run = threading.Thread.run
 
   def timed_run(self: threading.Thread) -> None:
@@ -50,6 +69,8 @@ def _record_thread_cpu() -> None:
       run(self)
     finally:
       _THREAD_CPU[self.name] = _THREAD_CPU.get(self.name, 0.0) + time.thread_time()
+      switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+      _THREAD_SWITCHES[self.name] = _THREAD_SWITCHES.get(self.name, 0) + switches
   threading.Thread.run = timed_run  # type: ignore[method-assign]
 
   def report() -> None:
@@ -64,11 +85,41 @@ def _record_thread_cpu() -> None:
       seconds[thread.name] = seconds.get(thread.name, 0.0) + cpu
     for name, cpu in sorted(seconds.items()):
       print(f"THREAD {name} {cpu:.4f}", flush=True)
+    switches = dict(_THREAD_SWITCHES)
+    for thread in threading.enumerate():
+      if thread.native_id is not None:
+        switches[thread.name] = (switches.get(thread.name, 0)
+                                 + _voluntary_switches(thread.native_id))
+    for name, count in sorted(switches.items()):
+      print(f"SWITCHES {name} {count}", flush=True)
     for name, (main_cpu, process_cpu) in _STEP_CPU.items():
       print(f"STEP {name}: {main_cpu:.4f} {process_cpu:.4f}", flush=True)
     for name, (start, end) in _WALL.items():
       print(f"WALL {name}: {start:.6f} {end:.6f}", flush=True)
+    for name, cpu in sorted(_task_cpu().items()):
+      print(f"TASK {name}: {cpu:.4f}", flush=True)
   atexit.register(report)  # First registered, so it runs last.
+
+
+def _task_cpu() -> dict[str, float]:
+  """CPU seconds of every live OS thread of this process by its kernel name
+  (C++ threads included: gRPC's, gloo's, XLA's), summed over the threads of
+  one name (from ``schedstat``, in nanoseconds); ``(ended)`` is what threads
+  that already ended used."""
+  seconds: dict[str, float] = {}
+  total = 0.0
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      with open(f"/proc/self/task/{tid}/comm") as f:
+        name = f.read().strip()
+      with open(f"/proc/self/task/{tid}/schedstat") as f:
+        cpu = int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+      continue
+    seconds[name] = seconds.get(name, 0.0) + cpu
+    total += cpu
+  seconds["(ended)"] = max(time.process_time() - total, 0.0)
+  return seconds
 
 
 def _time_steps(mode: str) -> None:
@@ -97,8 +148,12 @@ def _time_steps(mode: str) -> None:
 
 
 def mark(phase: str) -> None:
-  # CPU time of every thread of this process so far.
+  # CPU time of every thread of this process so far, and how often its
+  # threads blocked (voluntary) or were preempted (involuntary).
   print(f"PHASE {phase} {time.process_time():.4f}", flush=True)
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  print(f"RUSAGE {phase} {usage.ru_nvcsw} {usage.ru_nivcsw} {usage.ru_minflt}",
+        flush=True)
   _WALL["phase " + phase] = (time.time(), time.time())
 
 
