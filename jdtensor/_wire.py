@@ -36,11 +36,15 @@ class Frames:
   Args:
     lenient: Skip what is not a frame instead of raising (the liveness links:
       a peer already met can only be ignored, not refused).
+    limit: The largest frame accepted, in bytes (the liveness links, between
+      authenticated peers, carry the heartbeat's merged rows: 4 values a
+      client).
   """
 
-  def __init__(self, lenient: bool = False) -> None:
+  def __init__(self, lenient: bool = False, limit: int = MAX_FRAME) -> None:
     self._buf = b""
     self._lenient = lenient
+    self._limit = limit
 
   def feed(self, data: bytes) -> list[dict[str, Any]]:
     """The complete frames so far.
@@ -57,16 +61,15 @@ class Frames:
       except ValueError:
         if not self._lenient:
           raise
-    if len(self._buf) > MAX_FRAME:
+    if len(self._buf) > self._limit:
       if not self._lenient:
-        raise ValueError(f"more than {MAX_FRAME} bytes without a line end")
+        raise ValueError(f"more than {self._limit} bytes without a line end")
       self._buf = b""  # A peer gone mad: drop what cannot be a frame.
     return frames
 
-  @staticmethod
-  def _parse(line: bytes) -> dict[str, Any]:
-    if len(line) > MAX_FRAME:
-      raise ValueError(f"a frame of {len(line)} bytes (at most {MAX_FRAME})")
+  def _parse(self, line: bytes) -> dict[str, Any]:
+    if len(line) > self._limit:
+      raise ValueError(f"a frame of {len(line)} bytes (at most {self._limit})")
     try:
       frame = json.loads(line)
     except (ValueError, RecursionError):

@@ -11,20 +11,20 @@ The package: this module is the entry point (DTensor's ``start``, and how a
 client leaves, below) and wires the parts together; `protocol` is the
 protocol itself (beats, watchdog, verdicts, policies: `protocol.Heartbeat`),
 given the three small objects of `interfaces`; `exchange` is the production
-exchange on the private runtime; `flight` records what the main thread is
+exchange on the liveness links; `flight` records what the main thread is
 doing; `departure` reads how the process is leaving.
 
 **Invisible to JAX.** XLA collectives on one device group are matched across
 processes only by issue order, so a background all-reduce on devices that
 user code also uses corrupts results or crashes gloo, and ``jax.thread_guard``
 forbids any multi-process XLA program off the guarded thread. A beat
-therefore runs no XLA program: it sums one row per client through a private
-coordination service that JAX's backend registry never sees
-(`jdtensor.runtime.jax_private.PrivateRuntime`, on a port client 0 reserved at
-start-up). The user's ``jax.devices()``, ``jax.make_mesh``,
-``multihost_utils``, ``pmap`` and orbax see exactly what raw
-``jax.distributed`` shows. The private runtime starts on the heartbeat
-thread, off the caller's critical path.
+therefore runs no XLA program: it sums one row per client over the liveness
+links (`exchange.LinkExchange`: client 0 adds the rows up and sends the sum
+back), connections every client holds from the start-up handshake. The
+user's ``jax.devices()``, ``jax.make_mesh``, ``multihost_utils``, ``pmap``
+and orbax see exactly what raw ``jax.distributed`` shows. (A run without
+links would beat on a private coordination service, `exchange.PrivateExchange`;
+jdtensor's own start-up always makes them.)
 
 **Leaving is announced** (`install_exit_guard`, `leave`): an unhandled
 exception or a non-zero ``sys.exit`` is told to every client at once over the
@@ -33,9 +33,6 @@ liveness links; a normal end waits, still beating, for every client to end
 running" if they wait for it in a collective. If JAX's shutdown barrier cannot
 succeed, it is not entered (no C++ abort on the way out).
 
-Where the private runtime cannot run (a jaxlib without the private symbols it
-needs), `start` logs one warning naming the missing symbol and the jaxlib
-version; the liveness links still catch dead clients.
 
 Configuration (`jdtensor._env.HeartbeatSettings`): ``DTENSOR_ENABLE_HEARTBEAT``
 (default true) starts it from ``initialize_accelerator_system`` in multi-client
@@ -66,22 +63,23 @@ from jdtensor import _env, runtime
 from jdtensor import _logging as logging
 from jdtensor.errors import PeerFailureError
 from jdtensor.heartbeat.departure import Departure, ExitGuard
-from jdtensor.heartbeat.exchange import PrivateExchange
+from jdtensor.heartbeat.exchange import LinkExchange, PrivateExchange
 from jdtensor.heartbeat.flight import (AT_EXIT, MainThreadRecorder, format_stacks,
                                        threads_inside_jax)
-from jdtensor.heartbeat.interfaces import ProcessHooks
+from jdtensor.heartbeat.interfaces import Exchange, ProcessHooks
 from jdtensor.heartbeat.protocol import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, HOST_EXIT_WAIT,
                                          OWN_FAILURE_EXIT_CODE, POLICIES, ROLL_CALL_GRACE,
                                          Heartbeat)
 
-__all__ = ["start", "start_with", "current", "Heartbeat", "PrivateExchange", "leave",
+__all__ = ["start", "start_with", "current", "Heartbeat", "LinkExchange",
+           "PrivateExchange", "leave",
            "blame_peer", "install_exit_guard", "dump_stacks", "EXIT_CODE",
            "OWN_FAILURE_EXIT_CODE", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
            "ROLL_CALL_GRACE"]
 
 _lock = threading.Lock()
 _current: Heartbeat | None = None
-_exchange: PrivateExchange | None = None  # The current heartbeat's, if any.
+_exchange: Exchange | None = None  # The current heartbeat's, if any.
 
 
 def current() -> Heartbeat | None:
@@ -233,21 +231,26 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
   env = runtime.cluster()
   if env is None:
     raise RuntimeError("jdtensor runtime state lost its cluster.")
-  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
-  reason = jax_private.unavailable_reason()
-  exchange = None
-  if reason is not None:
+  exchange: Exchange | None = None
+  if state.links is not None:
     if service[2] is not None:
-      service[2].close()
-    _warn_links_only(reason)
-  else:
-    exchange = PrivateExchange(env.client_id, env.num_clients, service,
-                               state.timeouts.shutdown)
+      service[2].close()  # The private service's port: not needed.
+    exchange = LinkExchange(env.client_id, env.num_clients, state.links)
+  else:  # Never after jdtensor's own start-up, which always makes links.
+    from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
+    reason = jax_private.unavailable_reason()
+    if reason is not None:
+      if service[2] is not None:
+        service[2].close()
+      _warn_links_only(reason)
+    else:
+      exchange = PrivateExchange(env.client_id, env.num_clients, service,
+                                 state.timeouts.shutdown)
   heartbeat = Heartbeat(settings, env.client_id, env.num_clients, exchange=exchange,
                         peers=state.links, process=_ClientProcess(env.client_id),
                         recorder=MainThreadRecorder(env.num_clients, _live_arrays))
-  # The private runtime starts and the first exchange runs on the heartbeat
-  # thread, off the caller's critical path.
+  # The first exchange runs on the heartbeat thread, off the caller's
+  # critical path.
   heartbeat.start_threads()
   if state.links is not None:
     state.links.watch(heartbeat)
@@ -290,15 +293,15 @@ def blame_peer(departure: Departure) -> Departure:
 def leave(departure: Departure) -> bool:
   """This client's way out (the exit handler calls it); see `_leave`.
 
-  Unless every client ended together, the heartbeat's private runtime is
-  kept alive to the end of the process: its C++ destructors could wait for
-  peers that are gone.
+  Unless every client ended together, a private runtime the heartbeat beat
+  on (a run without links) is kept alive to the end of the process: its C++
+  destructors could wait for peers that are gone.
   """
   clean = _leave(departure)
   hb = _current
   if not clean and hb is not None:
     from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
-    jax_private.keep_alive(_exchange.runtime if _exchange is not None else None)
+    jax_private.keep_alive(getattr(_exchange, "runtime", None))
   return clean
 
 
@@ -307,7 +310,7 @@ def _leave(departure: Departure) -> bool:
 
   A failure is announced to every client at once and nothing collective is
   attempted. A normal end beats "at exit" until every client has ended (the
-  agreed end, then the private runtime's collective teardown), bounded by
+  agreed end, then the exchange's teardown), bounded by
   the shutdown time-out.
 
   Returns:

@@ -1,7 +1,7 @@
 """What the heartbeat protocol is given: the exchange, the peers and the process.
 
 Small classes with working defaults: production subclasses them
-(`jdtensor.heartbeat.exchange.PrivateExchange`, and the client's process in
+(`jdtensor.heartbeat.exchange.LinkExchange`, and the client's process in
 `jdtensor.heartbeat`; the liveness links, `jdtensor.runtime.links.Links`, have
 the `Peers` methods), and a test fake is a few lines.
 """
@@ -21,7 +21,7 @@ __all__ = ["Exchange", "Peers", "ProcessHooks"]
 
 class Exchange:
   """What the beats run on: a sum of one row per client, and a small shared
-  store. The production one is `jdtensor.heartbeat.exchange.PrivateExchange`;
+  store. The production one is `jdtensor.heartbeat.exchange.LinkExchange`;
   a test subclasses this and implements `all_reduce` (the rest default to a
   store that nobody else reads).
 

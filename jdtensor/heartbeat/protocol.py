@@ -3,8 +3,8 @@
 No JAX and no sockets here: the exchange (the all-reduce and its store), the
 peers (the liveness links), the process's hooks and the main-thread recorder
 are small objects given to `Heartbeat`, so tests run several clients as
-threads with fakes of a few lines. `jdtensor.heartbeat` wires it to the private runtime, the
-liveness links and the process.
+threads with fakes of a few lines. `jdtensor.heartbeat` wires it to the liveness
+links (which carry the exchange too) and the process.
 
 One beat is an all-reduce of an int32 vector in which each client fills only
 its own slots (`BeatLayout`): DTensor's token, a stop request, and what its
@@ -61,8 +61,8 @@ EXIT_CODE = PEER_FAILURE_EXIT_CODE
 # own heartbeat failed, it stalled, or it was frozen (EX_SOFTWARE).
 OWN_FAILURE_EXIT_CODE = 70
 POLICIES = HEARTBEAT_POLICIES
-# Seconds the first exchange may take beyond the stuck time-out: it starts
-# the private runtime (every client must connect).
+# Seconds the first exchange may take beyond the stuck time-out: every client
+# must have started its heartbeat (after its backend's start).
 FIRST_EXCHANGE_ALLOWANCE = 30.0
 # Seconds an overdue beat's roll call waits for the healthy clients to answer
 # (they are blocked in the same beat, and their deadlines expire together).

@@ -13,13 +13,16 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from jdtensor._wire import Frames, encode
 
-__all__ = ["Links"]
+__all__ = ["Links", "LINK_FRAME"]
 
 _TCP_ESTABLISHED = 1
+# The largest message on a link: the peers are authenticated, and the
+# heartbeat's merged row holds 4 values a client (about 100 clients a KiB).
+LINK_FRAME = 16 * 1024 * 1024
 
 
 def _peer_open(sock: socket.socket) -> bool:
@@ -52,6 +55,9 @@ class Links:
   * ``peer_left(client, code, why, failed)``: a client announces it is
     leaving, with its exit code and reason;
   * ``peer_notice(client, text)``: something the others should know.
+
+  Messages with an ``hb`` key are the heartbeat's exchange (`carry`): they go
+  to its handler, on the same thread, and are never relayed.
   """
 
   def __init__(self, client_id: int, sockets: dict[int, socket.socket]):
@@ -64,6 +70,20 @@ class Links:
     self._lock = threading.Lock()
     self._handler: object | None = None
     self._thread: threading.Thread | None = None
+    # One sender at a time on every connection: a message is never split by
+    # another thread's.
+    self._send_lock = threading.Lock()
+    self._carrier: Callable[[int, dict[str, object]], None] | None = None
+    self._carried: list[tuple[int, dict[str, object]]] = []  # Before `carry`.
+
+  def carry(self, handler: Callable[[int, dict[str, object]], None]) -> None:
+    """Hands every exchange message (an ``hb`` key) to `handler(client,
+    message)` on the watching thread, those already received first."""
+    with self._lock:
+      early, self._carried = self._carried, []
+      self._carrier = handler
+    for client, message in early:
+      handler(client, message)
 
   def watch(self, handler: object | None) -> None:
     """Routes events to `handler` (None ignores them); starts watching."""
@@ -80,7 +100,7 @@ class Links:
       method(*args)
 
   def _watch(self) -> None:
-    frames = {client: Frames(lenient=True) for client in self._sockets}
+    frames = {client: Frames(lenient=True, limit=LINK_FRAME) for client in self._sockets}
     while self._sockets and not self._closing:
       by_socket = {s: c for c, s in self._sockets.items()}
       try:
@@ -109,6 +129,14 @@ class Links:
       return
     if self._closing:
       return
+    if "hb" in message:
+      with self._lock:
+        carrier = self._carrier
+        if carrier is None:
+          self._carried.append((client, message))
+      if carrier is not None:
+        carrier(client, message)
+      return
     if self.client_id == 0:  # The hub: relay to everyone else.
       self._send(message, skip={client})
     try:
@@ -130,16 +158,24 @@ class Links:
     if sock is not None:
       sock.close()
 
-  def _send(self, message: dict[str, object], skip: set[int] = frozenset()
-            ) -> None:
+  def _send(self, message: dict[str, object], skip: Collection[int] = frozenset(),
+            only: int | None = None) -> None:
     with self._lock:
-      targets = [s for c, s in self._sockets.items() if c not in skip]
+      targets = [s for c, s in self._sockets.items()
+                 if c not in skip and (only is None or c == only)]
     line = encode(message)
-    for sock in targets:
-      try:
-        sock.sendall(line)
-      except OSError:
-        pass  # Gone; its end of stream tells the watching thread.
+    with self._send_lock:
+      for sock in targets:
+        try:
+          sock.sendall(line)
+        except OSError:
+          pass  # Gone; its end of stream tells the watching thread.
+
+  def send(self, message: dict[str, object], to: int | None = None,
+           skip: Collection[int] = ()) -> None:
+    """Sends `message` to client `to` (None: every linked client but
+    `skip`); a client that is gone is skipped (its end of stream tells)."""
+    self._send(message, skip=skip, only=to)
 
   def report(self, clients: Sequence[int], why: str) -> None:
     """Tells every other client which clients failed and why.

@@ -1,7 +1,7 @@
 """jdtensor is invisible to JAX: standard JAX code sees what raw jax.distributed shows.
 
 Real clusters through `jdtensor launch`, with the heartbeat beating every
-20 ms on its private runtime beside standard JAX collectives.
+20 ms on the liveness links beside standard JAX collectives.
 """
 
 import os
@@ -102,9 +102,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_jaxlib_without_the_private_symbols_degrades_as_documented(tmp_path):
-  """The heartbeat warns once (symbol, jaxlib version); liveness links still
-  stop the survivors of a SIGKILLed client; JAX's view is unchanged."""
+def test_jaxlib_without_the_private_symbols_still_beats_on_the_links(tmp_path):
+  """The heartbeat needs no private jaxlib symbol (it beats on the liveness
+  links): a jaxlib without the private runtime's symbols gets no warning and
+  the same verdict on a SIGKILLed client."""
   wrapper = tmp_path / "hide_symbol.py"
   wrapper.write_text(HIDE_SYMBOL)
   jobs = [f"localhost:{free_port()}" for _ in range(3)]
@@ -113,24 +114,19 @@ def test_jaxlib_without_the_private_symbols_degrades_as_documented(tmp_path):
                      prefixes=[[sys.executable, str(wrapper)]] * 3)
   try:
     assert live.wait_for("RESULT ready", [0, 1, 2], timeout=60), live.err
-    time.sleep(0.5)
+    time.sleep(1.5)  # A beat or two.
     start = time.monotonic()
     os.kill(live.procs[2].pid, signal.SIGKILL)
     ended = live.wait_exit(start, timeout=20)
   finally:
     live.close()
-  import jax
-  import jaxlib
   for c in (0, 1):
     assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
     assert ended[c] < 5, ended
-    assert live.err[c].count("heartbeat: The heartbeat's private runtime needs "
-                             "jax._src.lib:_jax.DistributedRuntimeClient.key_value_dir_get_bytes, "
-                             f"which jax {jax.__version__} / jaxlib "
-                             f"{jaxlib.__version__} does not have (jdtensor is "
-                             "tested with jax and jaxlib >=0.9.2,<0.11)") == 1, live.err[c]
-    assert "runs on the liveness links only" in live.err[c]
+    assert "private runtime" not in live.err[c], live.err[c]
+    assert "runs on the liveness links only" not in live.err[c], live.err[c]
     # Seen on its own link, or first reported by the other survivor.
-    assert re.search(r"heartbeat: client 2 is gone \(its process ended without "
-                     r"saying goodbye\)( \(reported by client [01]\))?; stopping "
-                     r"this client", live.err[c]), live.err[c]
+    assert re.search(r"heartbeat: client 2 missed beat [1-9]\d* \(last seen "
+                     r"[\d.]+ s ago; its process ended without saying goodbye\)"
+                     r"( \(reported by client [01]\))?; stopping this client",
+                     live.err[c]), live.err[c]
