@@ -15,6 +15,10 @@
    wheel it installs, JAX's included) and from source (this checkout as an
    editable install where ``PYTHONDONTWRITEBYTECODE`` is set: every client
    compiles jdtensor's modules again; see RESULTS.md, "Start-up CPU by phase").
+   Paired rounds: raw JAX's and jdtensor's clients at once, each cluster its
+   own (`cold_start_paired`), so that the machine's state (its other tenants,
+   how costly a page fault is that minute) falls on both alike: a ratio per
+   round far steadier than the ratio of sequential runs.
 2. Dead-client detection. N jdtensor clients idle after start-up (heartbeat
    period 1 s); the last is SIGKILLed; seconds until every survivor has
    exited. (Raw JAX's default is about 100 s: bench_startup.py measures it.)
@@ -145,6 +149,39 @@ def cold_start_launch(n: int, extra: dict[str, str]) -> Run:
   return Run(max(stamps) - start, end, cpu / n, imports)
 
 
+def cold_start_paired(n: int, jdtensor_first: bool) -> tuple[Run, Run]:
+  """Raw JAX's n clients and jdtensor's n clients at once, started in turn
+  (client 0 of one, client 0 of the other, client 1, ...): each cluster its
+  own, both on the same machine in the same moment. (raw JAX's run,
+  jdtensor's): only their CPU per client is compared, paired by round."""
+  contenders = [("raw JAX", [PY, CLIENT, "raw"], {}),
+                ("jdtensor", [PY, CLIENT, "jdtensor"], _CACHED)]
+  if jdtensor_first:
+    contenders.reverse()
+  jobs = {name: ",".join(f"localhost:{p}" for p in free_ports(n)) for name, _, _ in contenders}
+  procs: dict[str, list[subprocess.Popen]] = {name: [] for name, _, _ in contenders}
+  start = time.time()
+  try:
+    for c in range(n):
+      for name, argv, extra in contenders:
+        env = _env({"DTENSOR_JOBS": jobs[name], "DTENSOR_CLIENT_ID": str(c),
+                    "JAX_NUM_CPU_DEVICES": "1", **extra})
+        procs[name].append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL, text=True,
+                                            start_new_session=True))
+  except BaseException:
+    _stop([p for ps in procs.values() for p in ps])
+    raise
+  runs = {}
+  try:
+    for name in ("raw JAX", "jdtensor"):
+      stamps, end, cpu, imports = _collect(procs[name], start, n)
+      runs[name] = Run(max(stamps) - start, end, cpu / n, imports)
+  finally:
+    _stop([p for ps in procs.values() for p in ps])
+  return runs["raw JAX"], runs["jdtensor"]
+
+
 def detection(n: int) -> float:
   """Seconds from SIGKILL of the last of n idle jdtensor clients to the last
   survivor's exit (heartbeat period 1 s)."""
@@ -234,19 +271,26 @@ def main(argv=None) -> str:
                       help="client counts for TF DTensor (about 0.5 GiB of "
                            "memory and 3 s of CPU per client)")
   parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "scaling.png"))
+  parser.add_argument("--no-paired", action="store_true",
+                      help="skip the paired rounds (both clusters at once)")
   args = parser.parse_args(argv)
   counts = [int(v) for v in args.clients.split(",")]
   tf_counts = {int(v) for v in args.tf_clients.split(",")} if TF_PY else set()
   names = [k for k in CONTENDERS if k != "TF DTensor" or tf_counts]
   runs: dict[str, dict[int, list[Run]]] = {k: {} for k in names}
+  paired: dict[int, list[tuple[Run, Run]]] = {}
   detect: dict[int, list[float]] = {}
   cold_start_by_hand([PY, CLIENT, "jdtensor"], 2, _CACHED)  # Fills the bytecode cache.
-  for _ in range(args.repeats):
+  for round_ in range(args.repeats):
     for n in counts:
-      for name in names:
-        if name == "TF DTensor" and n not in tf_counts:
-          continue
+      # Each round starts with another contender, so that none always runs
+      # first after the previous count's detection.
+      order = [k for k in names if k != "TF DTensor" or n in tf_counts]
+      shift = round_ % len(order)
+      for name in order[shift:] + order[:shift]:
         runs[name].setdefault(n, []).append(CONTENDERS[name](n))
+      if not args.no_paired:
+        paired.setdefault(n, []).append(cold_start_paired(n, round_ % 2 == 1))
       detect.setdefault(n, []).append(detection(n))
 
   def med(name: str, n: int, what: str) -> float:
@@ -293,6 +337,28 @@ def main(argv=None) -> str:
       extra = statistics.median(r.after_imports for r in runs[name][n]) - raw_after
       cells.append(f"{extra * 1e3:+.0f} ms ({(raw_whole + extra) / raw_whole:.3f}x)")
     lines.append(f"| {n} | " + " | ".join(cells) + " |")
+  if paired:
+    lines += ["", "Paired: raw JAX's N clients and jdtensor's N clients started at "
+              "once, in turn, each cluster its own (2N processes on the machine), "
+              "so that both meet the same machine at the same moment; CPU per "
+              "client (medians), and jdtensor's ratio to raw JAX's in each round "
+              "(median and range):", "",
+              "| clients | raw JAX | jdtensor | ratio, median | ratio, each round "
+              "| after the imports, jdtensor's extra |",
+              "|---:|---:|---:|---:|---|---:|"]
+    for n in counts:
+      pairs = paired.get(n, [])
+      if not pairs:
+        continue
+      ratios = [jd.cpu / raw.cpu for raw, jd in pairs]
+      extras = [jd.after_imports - raw.after_imports for raw, jd in pairs
+                if jd.after_imports is not None and raw.after_imports is not None]
+      lines.append(
+          f"| {n} | {statistics.median(r.cpu for r, _ in pairs):.3f} s | "
+          f"{statistics.median(j.cpu for _, j in pairs):.3f} s | "
+          f"{statistics.median(ratios):.3f}x | "
+          + ", ".join(f"{r:.3f}" for r in ratios) + " | "
+          + (f"{1e3 * statistics.median(extras):+.0f} ms" if extras else "") + " |")
   lines += ["", "How the cost grows (least-squares slope over the client counts):", ""]
   for name in names:
     ns = sorted(runs[name])
