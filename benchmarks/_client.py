@@ -57,9 +57,9 @@ def idle(seconds: float) -> None:
   import jdtensor
   from jdtensor import heartbeat
   jdtensor.initialize_accelerator_system("CPU")
-  # The steady state: the heartbeat's private runtime starts (and compiles its
-  # all-reduce) on its own thread after init; that start-up is measured
-  # separately (bench_heartbeat's cold-start table), not as idle cost.
+  # The steady state: the heartbeat's first exchange runs on its own thread
+  # after init; that start-up is measured separately (bench_heartbeat's
+  # cold-start table), not as idle cost.
   if heartbeat.current() is not None:
     heartbeat.current().ready.wait(60)
   time.sleep(1.0)  # Let start-up settle.

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_heartbeat.py [--repeats N] [--seconds S]
 
-1. The private runtime's start-up cost: cold start to the first psum, 4
+1. The heartbeat's start-up cost: cold start to the first psum, 4
    clients x 2 CPU devices, heartbeat on vs off vs raw ``jax.distributed``;
    resident memory per client once everything is up and idle.
 2. Idle CPU of a client, heartbeat off vs period 1 s and 0.1 s.
@@ -82,7 +82,7 @@ def startup_costs(repeats: int) -> list[str]:
                     for v in re.findall(r"RSS_MIB ([\d.]+)", out)]
   off_cold = statistics.median(cold["jdtensor, heartbeat off"])
   off_rss = statistics.median(rss["jdtensor, heartbeat off"])
-  lines = ["The heartbeat's private runtime at start-up, 4 clients x 2 CPU devices "
+  lines = ["The heartbeat at start-up, 4 clients x 2 CPU devices "
            f"({repeats} interleaved rounds): cold start from launch to every "
            "client having done one psum, and resident memory per client once "
            "the runtime (and heartbeat) are up and idle.", "",

@@ -70,7 +70,7 @@ SECTIONS = {  # key -> (title, intro)
              "`jdtensor.tpu.ring_order` vs DTensor's pure-Python ring algorithm "
              "(same results asserted before timing), interleaved in one process."),
     "heartbeat": ("Heartbeat overhead",
-                  "`python benchmarks/bench_heartbeat.py`: the private runtime's "
+                  "`python benchmarks/bench_heartbeat.py`: the heartbeat's "
                   "start-up and memory (heartbeat on vs off vs raw JAX), then "
                   "heartbeat off, period 1 s and 0.1 s, interleaved runs under "
                   "`jdtensor launch`. Targets: at most +0.1 s cold start, +30 MiB "
