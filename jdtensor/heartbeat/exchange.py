@@ -30,7 +30,9 @@ _KV_PREFIX = "jdtensor/heartbeat/"
 
 
 class PrivateExchange(Exchange):
-  """The production exchange: a sum of rows on the private runtime.
+  """A sum of rows on the private runtime: the exchange of a run without
+  liveness links (jdtensor's own start-up always makes them; see
+  `LinkExchange`).
 
   `open` (on the heartbeat thread) starts the runtime. A beat costs one
   all-reduce and nothing else; only an overdue beat holds a roll call in the
