@@ -222,8 +222,11 @@ class LinkExchange(Exchange):
     try:
       kind, beat = message["hb"], int(message.get("b", -1))
       if kind == "row" and self.client_id == 0:
+        index = np.asarray(message["i"], np.int64)
+        if index.size and (index.min() < 0 or index.max() >= self.width):
+          raise ValueError("a row's index out of range")  # Never wrap around.
         row = np.zeros(self.width, np.int32)
-        row[np.asarray(message["i"], np.int64)] = np.asarray(message["v"], np.int32)
+        row[index] = np.asarray(message["v"], np.int32)
         self._add(beat, client, row)
       elif kind == "sum":
         total = np.asarray(message["v"], np.int32)

@@ -85,12 +85,21 @@ def test_rows_sent_before_client_0_starts_are_kept(star):
   for c in (1, 2):
     s.exchanges[c].open()
   rows = rows_of(3, 0)
-  early = s.beat({1: rows[1], 2: rows[2]}, timeout=0.3)
+  early: dict[int, np.ndarray] = {}
+  threads = [threading.Thread(
+      target=lambda c=c: early.update({c: s.exchanges[c].all_reduce(rows[c])}),
+      daemon=True) for c in (1, 2)]
+  for t in threads:
+    t.start()
+  time.sleep(0.3)
   assert early == {}  # Nobody has a sum without client 0's row.
-  time.sleep(0.1)
   s.exchanges[0].open()
   out = s.beat({0: rows[0]})
-  np.testing.assert_array_equal(out[0], sum(rows.values()))
+  for t in threads:
+    t.join(10.0)
+  for c, total in {**early, **out}.items():
+    np.testing.assert_array_equal(total, sum(rows.values()), err_msg=f"client {c}")
+  assert sorted({**early, **out}) == [0, 1, 2]
 
 
 def test_a_roll_call_names_whose_row_client_0_holds(star):
@@ -133,7 +142,8 @@ def test_a_shared_text_reaches_every_client(star):
 
 def test_malformed_exchange_messages_are_ignored(star):
   s = star(2)
-  for bad in ({"hb": "row", "b": 0, "i": [10**6], "v": [1]}, {"hb": "row"},
+  for bad in ({"hb": "row", "b": 0, "i": [10**6], "v": [1]},
+              {"hb": "row", "b": 0, "i": [-1], "v": [5]}, {"hb": "row"},
               {"hb": "sum", "b": "x", "v": None}, {"hb": "present", "q": "?"},
               {"hb": 7}):
     s.links[1].send(bad, to=0)
