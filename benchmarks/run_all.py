@@ -133,7 +133,7 @@ def main(argv=None) -> int:
       "heartbeat": lambda: bench_heartbeat.main(["--repeats", str(args.repeats)]),
       "api": lambda: bench_api.main(["--repeats", str(args.repeats)]),
       # Start-to-end times are bimodal (a short body can end before the
-      # heartbeat's private runtime has started); more rounds for a median.
+      # heartbeat's first exchange); more rounds for a median.
       "testing": lambda: bench_testing.main(["--repeats", str(max(args.repeats, 11))]),
       "verdicts": lambda: bench_verdicts.main(["--repeats", str(min(args.repeats, 3))]),
       "faults": fault_suite,

@@ -5,7 +5,7 @@
 # 1. The oldest supported JAX (the lower end of pyproject.toml's pin, also
 #    `runtime/jax_private.TESTED_RANGE`): the pure, single-process and start-up
 #    tests, and the multi-client tests that touch each private JAX symbol
-#    (start-up, the heartbeat and its private runtime, failure verdicts,
+#    (start-up, the heartbeat on the liveness links, failure verdicts,
 #    JAX's own view). The full suite passes there too (measured; see CONTRIBUTING.md,
 #    "Supported JAX versions"), but twice the full suite would not fit CI's
 #    30 minutes on 2 cores.

@@ -22,9 +22,7 @@ therefore runs no XLA program: it sums one row per client over the liveness
 links (`exchange.LinkExchange`: client 0 adds the rows up and sends the sum
 back), connections every client holds from the start-up handshake. The
 user's ``jax.devices()``, ``jax.make_mesh``, ``multihost_utils``, ``pmap``
-and orbax see exactly what raw ``jax.distributed`` shows. (A run without
-links would beat on a private coordination service, `exchange.PrivateExchange`;
-jdtensor's own start-up always makes them.)
+and orbax see exactly what raw ``jax.distributed`` shows.
 
 **Leaving is announced** (`install_exit_guard`, `leave`): an unhandled
 exception or a non-zero ``sys.exit`` is told to every client at once over the
@@ -61,43 +59,28 @@ from typing import IO, Any
 
 from jdtensor import _env, runtime
 from jdtensor import _logging as logging
-from jdtensor.errors import PeerFailureError
+from jdtensor.errors import NotInitializedError, PeerFailureError
 from jdtensor.heartbeat.departure import Departure, ExitGuard
-from jdtensor.heartbeat.exchange import LinkExchange, PrivateExchange
+from jdtensor.heartbeat.exchange import LinkExchange
 from jdtensor.heartbeat.flight import (AT_EXIT, MainThreadRecorder, format_stacks,
                                        threads_inside_jax)
-from jdtensor.heartbeat.interfaces import Exchange, ProcessHooks
+from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.protocol import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, HOST_EXIT_WAIT,
                                          OWN_FAILURE_EXIT_CODE, POLICIES, ROLL_CALL_GRACE,
                                          Heartbeat)
 
-__all__ = ["start", "start_with", "current", "Heartbeat", "LinkExchange",
-           "PrivateExchange", "leave",
+__all__ = ["start", "start_with", "current", "Heartbeat", "LinkExchange", "leave",
            "blame_peer", "install_exit_guard", "dump_stacks", "EXIT_CODE",
            "OWN_FAILURE_EXIT_CODE", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
            "ROLL_CALL_GRACE"]
 
 _lock = threading.Lock()
 _current: Heartbeat | None = None
-_exchange: Exchange | None = None  # The current heartbeat's, if any.
 
 
 def current() -> Heartbeat | None:
   """The heartbeat started in this process, if any."""
   return _current
-
-
-_warned_unavailable = False
-
-
-def _warn_links_only(reason: str) -> None:
-  global _warned_unavailable
-  if not _warned_unavailable:
-    _warned_unavailable = True
-    logging.warning(
-        "heartbeat: %s The heartbeat runs on the liveness links only: a client "
-        "whose process ends is still detected at once; a stuck, stalled or "
-        "out-of-sync client is not.", reason)
 
 
 def _tell_launcher(client_id: int, culprits: list[int], why: str,
@@ -218,43 +201,28 @@ def start_with(settings: _env.HeartbeatSettings) -> threading.Event:
     if _current is not None:
       raise RuntimeError(
           "The heartbeat already ran in this process and has stopped; it "
-          "cannot be started again (its private runtime is torn down). Start "
-          "it once per run.")
+          "cannot be started again (its last beat was agreed with every "
+          "client). Start it once per run.")
     return _start(settings)
 
 
 def _start(settings: _env.HeartbeatSettings) -> threading.Event:
   """Starts this client's heartbeat (under `_lock`)."""
-  global _current, _exchange
+  global _current
   state = runtime.state()
-  service = runtime.heartbeat_service()
   env = runtime.cluster()
-  if env is None:
-    raise RuntimeError("jdtensor runtime state lost its cluster.")
-  exchange: Exchange | None = None
-  if state.links is not None:
-    if service[2] is not None:
-      service[2].close()  # The private service's port: not needed.
-    exchange = LinkExchange(env.client_id, env.num_clients, state.links)
-  else:  # Never after jdtensor's own start-up, which always makes links.
-    from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
-    reason = jax_private.unavailable_reason()
-    if reason is not None:
-      if service[2] is not None:
-        service[2].close()
-      _warn_links_only(reason)
-    else:
-      exchange = PrivateExchange(env.client_id, env.num_clients, service,
-                                 state.timeouts.shutdown)
+  if not state.multi_client or state.links is None or env is None:
+    raise NotInitializedError("The heartbeat needs an initialised multi-client "
+                              "run (DTENSOR_JOBS with several clients).")
+  exchange = LinkExchange(env.client_id, env.num_clients, state.links)
   heartbeat = Heartbeat(settings, env.client_id, env.num_clients, exchange=exchange,
                         peers=state.links, process=_ClientProcess(env.client_id),
                         recorder=MainThreadRecorder(env.num_clients, _live_arrays))
   # The first exchange runs on the heartbeat thread, off the caller's
   # critical path.
   heartbeat.start_threads()
-  if state.links is not None:
-    state.links.watch(heartbeat)
-  _current, _exchange = heartbeat, exchange
+  state.links.watch(heartbeat)
+  _current = heartbeat
   return heartbeat.event
 
 
@@ -291,22 +259,7 @@ def blame_peer(departure: Departure) -> Departure:
 
 
 def leave(departure: Departure) -> bool:
-  """This client's way out (the exit handler calls it); see `_leave`.
-
-  Unless every client ended together, a private runtime the heartbeat beat
-  on (a run without links) is kept alive to the end of the process: its C++
-  destructors could wait for peers that are gone.
-  """
-  clean = _leave(departure)
-  hb = _current
-  if not clean and hb is not None:
-    from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
-    jax_private.keep_alive(getattr(_exchange, "runtime", None))
-  return clean
-
-
-def _leave(departure: Departure) -> bool:
-  """This client's way out.
+  """This client's way out (the exit handler calls it).
 
   A failure is announced to every client at once and nothing collective is
   attempted. A normal end beats "at exit" until every client has ended (the

@@ -47,7 +47,6 @@ __all__ = [
     "register_tpu_mesh",
     "registered_tpu_mesh_devices",
     "next_auto_mesh_name",
-    "heartbeat_service",
     "record_peer_failure",
     "check_health",
 ]
@@ -88,11 +87,6 @@ def simulated_tpu() -> SimulatedTopology | None:
 def client_devices(device_type: str, client: int) -> list[Any]:
   """`Runtime.client_devices` of the default runtime."""
   return _default.client_devices(device_type, client)
-
-
-def heartbeat_service() -> tuple[str, int, Any]:
-  """`Runtime.heartbeat_service` of the default runtime."""
-  return _default.heartbeat_service()
 
 
 def device_string(device: Any) -> str:

@@ -15,11 +15,12 @@ from typing import Any, NamedTuple
 from jdtensor._wire import encode, split_host_port
 from jdtensor.runtime.links import Links
 
-__all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "reserve_port", "run_id",
+__all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "run_id",
            "jobs_digest", "PROTOCOL", "STAGE_SECONDS", "CLIENT_STAGE_SECONDS",
            "POLL_SECONDS", "retry_delays", "NONCE_RE", "RUN_RE", "send"]
 
-PROTOCOL = 2
+# 3: the heartbeat beats on the links; ``go`` carries no private service port.
+PROTOCOL = 3
 # The time a peer has for each stage of the handshake on client 0 (a
 # legitimate client answers at once); frames are at most MAX_FRAME bytes.
 STAGE_SECONDS = 2.0
@@ -124,34 +125,14 @@ def bind_address(coordinator: str, host: str | None, port: int | None
   return host, default_port if port is None else port
 
 
-def reserve_port(host: str) -> socket.socket:
-  """Reserves a free TCP port on `host` for a gRPC server to bind later.
-
-  The socket is bound with SO_REUSEPORT but not listening: nobody can connect
-  to it, and gRPC (which sets SO_REUSEPORT) can bind the same port while it is
-  held, so no other process can take the port in between (a gRPC server that
-  finds its port taken crashes the process). Close it once the server runs.
-  """
-  family = socket.AF_INET6 if ":" in host else socket.AF_INET
-  sock = socket.socket(family, socket.SOCK_STREAM)
-  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-  sock.bind((host, 0))
-  return sock
-
-
 class Meeting(NamedTuple):
   """What the rendezvous leaves behind.
 
   Attributes:
-    links: The connections, kept open as liveness links (see `Links`).
-    heartbeat_port: The port of the heartbeat's private coordination service,
-      on client 0's coordinator host (reserved by client 0).
-    heartbeat_socket: Client 0 only: the socket holding that port until the
-      service binds it (see `reserve_port`).
+    links: The connections, kept open as liveness links (see `Links`); the
+      heartbeat beats on them.
   """
   links: Links
-  heartbeat_port: int
-  heartbeat_socket: socket.socket | None = None
 
 
 def retry_delays() -> Iterator[float]:

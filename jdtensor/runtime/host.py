@@ -23,7 +23,7 @@ from jdtensor._wire import (MAX_FRAME, Frames, format_host_port, handshake_proof
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.runtime.handshake import (NONCE_RE, PROTOCOL, RUN_RE, STAGE_SECONDS,
                                         Hello, Meeting, PeerHello, jobs_digest,
-                                        reserve_port, run_id, send)
+                                        run_id, send)
 from jdtensor.runtime.links import Links
 
 __all__ = ["serve"]
@@ -271,7 +271,6 @@ def serve(me: Hello, secret: str | None, host: str, port: int, coordinator: str,
            timeout: float, deadline: float) -> Meeting:
   server = _Server(me, secret, coordinator, _listen(host, port, coordinator))
   links: dict[int, socket.socket] = {}
-  reserved: socket.socket | None = None
   handed_over = False
   try:
     links = server.serve(timeout, deadline)
@@ -283,15 +282,11 @@ def serve(me: Hello, secret: str | None, host: str, port: int, coordinator: str,
         send(sock, {"error": server.problem if secret else
                      "another client's start-up failed; see client 0's output"})
       raise StartupError(server.problem)
-    reserved = reserve_port(host)
-    go = {"go": True, "heartbeat_port": reserved.getsockname()[1]}
     for sock in links.values():
-      send(sock, go)
+      send(sock, {"go": True})
       sock.setblocking(True)
-    meeting = Meeting(Links(0, links), int(go["heartbeat_port"]), reserved)
-    handed_over = True  # The links and the reserved port live on.
+    meeting = Meeting(Links(0, links))
+    handed_over = True  # The links live on.
     return meeting
   finally:
     server.close(keep=list(links.values()) if handed_over else ())
-    if reserved is not None and not handed_over:
-      reserved.close()

@@ -17,10 +17,9 @@ exception that says what is wrong, every client first meets client 0 here:
 3. The client sends its hello: client id, cluster size, a digest of
    ``DTENSOR_JOBS``, job name, device count, heartbeat on or off and the
    settings every client must share.
-4. Client 0 checks that all hellos agree, reserves a port for the heartbeat's
-   private coordination service (`reserve_port`), answers ``go`` with that
-   port, or the error, to everyone, and closes the listener; JAX's
-   coordination service then binds the same port.
+4. Client 0 checks that all hellos agree, answers ``go``, or the error, to
+   everyone, and closes the listener; JAX's coordination service then binds
+   the same port.
 
 **A bad peer cannot break it.** Client 0 serves every connection at once
 (a selector), frames are newline-ended JSON objects of at most `MAX_FRAME`
@@ -50,11 +49,11 @@ from jdtensor._wire import MAX_FRAME, Frames, handshake_proof, socket_host, spli
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, NONCE_RE, POLL_SECONDS,
                                         PROTOCOL, STAGE_SECONDS, Hello, Meeting,
-                                        bind_address, jobs_digest, reserve_port,
-                                        retry_delays, run_id, send)
+                                        bind_address, jobs_digest, retry_delays,
+                                        run_id, send)
 from jdtensor.runtime.links import Links
 
-__all__ = ["Hello", "Meeting", "bind_address", "reserve_port", "rendezvous",
+__all__ = ["Hello", "Meeting", "bind_address", "rendezvous",
            "wait_for_service", "run_id", "jobs_digest", "STAGE_SECONDS"]
 
 
@@ -83,8 +82,8 @@ def _read_frame(sock: socket.socket, frames: Frames, pending: list[dict[str, Any
 
 
 def _handshake(me: Hello, secret: str | None, coordinator: str,
-               sock: socket.socket, deadline: float) -> int:
-  """This client's side on one connection; the heartbeat port, or raises."""
+               sock: socket.socket, deadline: float) -> None:
+  """This client's side on one connection; returns once client 0 says go, or raises."""
   mine = run_id(secret)
   frames, pending = Frames(), []
   where = f"DTENSOR_JOBS[0]={coordinator!r}"
@@ -135,11 +134,9 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
         "JDTENSOR_RUN_SECRET; it is not this run's client 0.")
   send(sock, me.to_frame())
   reply = frame()
-  port = reply.get("heartbeat_port")
-  if reply.get("go") is not True or type(port) is not int or not 0 < port < 65536:  # pylint: disable=unidiomatic-typecheck
+  if reply.get("go") is not True:
     raise StartupError(f"Client {me.client_id}: client 0 answered the start-up "
                        "handshake with something unexpected.")
-  return port
 
 
 def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
@@ -171,7 +168,7 @@ def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
       time.sleep(min(next(delays), max(remaining, 0)))
       continue
     try:
-      heartbeat_port = _handshake(me, secret, coordinator, sock, deadline)
+      _handshake(me, secret, coordinator, sock, deadline)
     except _Refused:
       sock.close()
       continue
@@ -180,7 +177,7 @@ def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
       raise
     sock.setblocking(True)
     sock.settimeout(None)
-    return Meeting(Links(me.client_id, {0: sock}), heartbeat_port)
+    return Meeting(Links(me.client_id, {0: sock}))
 
 
 # JAX's service usually listens a few ms after the rendezvous (client 0 is

@@ -114,8 +114,6 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
                         tuple(sorted(settings.items()))),
       coordinator, bind, deadline, plan.secret)
   rt.state.links = meeting.links
-  rt.state.heartbeat_port = meeting.heartbeat_port
-  rt.state.heartbeat_socket = meeting.heartbeat_socket
   atexit.register(rt.state.links.goodbye)
   # Until initialisation ends, a client that dies leaves the others in JAX's
   # C++ connect (which aborts at its time-out) or in the TPU core-id merge:

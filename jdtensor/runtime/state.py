@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from jdtensor import _env, _wire
+from jdtensor import _env
 from jdtensor import _logging as logging
 from jdtensor._deadline import Deadline
 from jdtensor.device_spec import DEVICE_TYPES
@@ -46,10 +46,6 @@ class RuntimeState:
     tpu_meshes: Devices of each mesh `create_tpu_mesh` registered, by name.
     peer_failure: The failure the heartbeat recorded under policy "raise".
     links: The rendezvous connections, kept as liveness links.
-    heartbeat_port: Port of the heartbeat's private coordination service on
-      client 0's coordinator host (reserved at the rendezvous).
-    heartbeat_socket: Client 0: the socket holding that port until the
-      heartbeat's service binds it.
     gloo_host: The DTENSOR_JOBS host of this client when it is an address of
       this machine (gloo listens there), else None.
     init_seconds: Wall time `initialize` took.
@@ -66,8 +62,6 @@ class RuntimeState:
   auto_mesh_names: int = 0
   peer_failure: Exception | None = None
   links: Links | None = None
-  heartbeat_port: int | None = None
-  heartbeat_socket: Any = None
   gloo_host: str | None = None
   _device_table: dict[tuple[str, int], list[Any]]
 
@@ -203,25 +197,6 @@ class Runtime:
           self.state._device_table[(dtype, task)] = table  # pylint: disable=protected-access
         cached = self.state._device_table.setdefault(key, [])  # pylint: disable=protected-access
       return list(cached)
-
-  def heartbeat_service(self) -> tuple[str, int, Any]:
-    """Where the heartbeat's private coordination service runs.
-
-    Returns:
-      (host to connect to, port, the socket reserving the port: client 0 only,
-      and only until the first call; the caller closes it once the service
-      binds the port).
-
-    Raises:
-      NotInitializedError: Outside an initialised multi-client run.
-    """
-    with self._lock:
-      if not self.state.multi_client or self.state.heartbeat_port is None:
-        raise NotInitializedError("The heartbeat needs an initialised multi-client "
-                                  "run (DTENSOR_JOBS with several clients).")
-      host, _ = _wire.split_host_port(self.state.env.coordinator_address)
-      reserved, self.state.heartbeat_socket = self.state.heartbeat_socket, None
-      return host, self.state.heartbeat_port, reserved
 
   def device_string(self, device: Any) -> str:
     """The DTensor device string of a ``jax.Device``."""

@@ -146,7 +146,7 @@ def test_a_forged_client_without_the_secret_is_refused():
     with socket.create_connection(("127.0.0.1", port)) as s:
       challenge = read_frame(s)
       assert sorted(challenge) == ["auth", "jdtensor", "nonce", "run"]  # No config.
-      s.sendall((json.dumps({"jdtensor": 2, "run": challenge["run"],
+      s.sendall((json.dumps({"jdtensor": challenge["jdtensor"], "run": challenge["run"],
                              "nonce": "ab" * 32, "proof": "00" * 32}) + "\n").encode())
       assert read_frame(s) == {"error": "authentication failed"}
   (r0, r1), elapsed = neighbour_then_client_1(forge)

@@ -222,7 +222,7 @@ def scenario_loaded_modules():
   from jdtensor import _jaxlib_texts, heartbeat
   jdtensor.initialize_accelerator_system("CPU")
   jdtensor.create_distributed_mesh([("x", jdtensor.num_global_devices("CPU"))])
-  # The heartbeat's start (the private runtime, the first exchange) included.
+  # The heartbeat's start (its threads, the first exchange) included.
   hb = heartbeat.current()
   result("heartbeat_ready", hb is not None and hb.ready.wait(30))
   result("modules", sorted(m for m in sys.modules if m.startswith("jdtensor")))

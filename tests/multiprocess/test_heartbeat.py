@@ -1,4 +1,4 @@
-"""The heartbeat: real processes, the real all-reduce on the private runtime.
+"""The heartbeat: real processes, the real all-reduce on the liveness links.
 
 Standard JAX collectives beside it: tests/multiprocess/test_invisible.py.
 """

@@ -95,17 +95,18 @@ def test_orbax_checkpoint_manager_beside_the_heartbeat(tmp_path):
 HIDE_SYMBOL = """
 import runpy, sys
 import jax._src.lib
-# A jaxlib without this symbol (JAX itself does not use it here).
+# A jaxlib without this symbol (JAX itself does not use it here; jdtensor reads
+# gloo's keys with it, to tell a staller from a client still setting up).
 del jax._src.lib._jax.DistributedRuntimeClient.key_value_dir_get_bytes
 sys.argv = sys.argv[2:]  # Drop this wrapper and the interpreter's path.
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_jaxlib_without_the_private_symbols_still_beats_on_the_links(tmp_path):
-  """The heartbeat needs no private jaxlib symbol (it beats on the liveness
-  links): a jaxlib without the private runtime's symbols gets no warning and
-  the same verdict on a SIGKILLed client."""
+def test_jaxlib_without_a_private_symbol_still_beats_on_the_links(tmp_path):
+  """The heartbeat needs no private jaxlib symbol to beat (it beats on the
+  liveness links): a jaxlib without one it reads when it can gets the same
+  verdict on a SIGKILLed client."""
   wrapper = tmp_path / "hide_symbol.py"
   wrapper.write_text(HIDE_SYMBOL)
   jobs = [f"localhost:{free_port()}" for _ in range(3)]
@@ -123,8 +124,6 @@ def test_jaxlib_without_the_private_symbols_still_beats_on_the_links(tmp_path):
   for c in (0, 1):
     assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
     assert ended[c] < 5, ended
-    assert "private runtime" not in live.err[c], live.err[c]
-    assert "runs on the liveness links only" not in live.err[c], live.err[c]
     # Seen on its own link, or first reported by the other survivor.
     assert re.search(r"heartbeat: client 2 missed beat [1-9]\d* \(last seen "
                      r"[\d.]+ s ago; its process ended without saying goodbye\)"

@@ -1,7 +1,7 @@
 """Heartbeat protocol logic with an in-process exchange (threads as clients).
 
-The real all-reduce on the private runtime is tested in
-tests/multiprocess/; here the exchange is a thread barrier that sums rows, the
+The real all-reduce on the liveness links is tested in
+tests/unit/test_link_exchange.py and tests/multiprocess/; here the exchange is a thread barrier that sums rows, the
 roll call and the shared texts are dictionaries, the process's hooks record
 what they are asked, and each client's main-thread recorder is scripted, so that stop agreement, token checks, deadlines,
 verdicts and policies are tested fast and deterministically.
@@ -500,7 +500,7 @@ def test_an_exception_in_the_heartbeats_own_code_is_this_clients_failure():
 
 
 def test_a_wrong_sum_is_not_reported_as_a_contradiction():
-  """Seen before the private runtime: 'it sent token 12927, the cluster's is
+  """Seen with an earlier exchange: 'it sent token 12927, the cluster's is
   12927'. A slot only its owner writes that comes back wrong means the
   exchange itself is broken, and the message says so."""
   hb = beat(1, "log", 2, 3)
@@ -515,7 +515,7 @@ def test_a_wrong_sum_is_not_reported_as_a_contradiction():
 
 
 def test_links_only_heartbeat_stops_and_names_a_dead_client():
-  """Without the private runtime: no beats; the liveness links still work."""
+  """Without an exchange: no beats; the liveness links still work."""
   hb = heartbeat.Heartbeat(settings(0.05), 0, 3)
   hb.start_threads()
   assert hb.ready.wait(1)

@@ -72,17 +72,17 @@ def close(meetings):
     if isinstance(m, rendezvous_mod.Meeting):
       for sock in m.links._sockets.values():
         sock.close()
-      if m.heartbeat_socket is not None:
-        m.heartbeat_socket.close()
 
 
-def test_authenticated_clients_meet_and_share_the_heartbeat_port():
+def test_authenticated_clients_meet_and_keep_their_links_to_client_0():
   jobs = cluster(3)
   out = meet([hello(jobs, c) for c in range(3)], [SECRET] * 3)
   try:
     assert all(isinstance(m, rendezvous_mod.Meeting) for m in out), out
-    assert len({m.heartbeat_port for m in out}) == 1
-    assert out[0].heartbeat_socket is not None
+    # The heartbeat beats on these: client 0 holds one per client, the others
+    # one each, to client 0.
+    assert sorted(out[0].links._sockets) == [1, 2]
+    assert [sorted(m.links._sockets) for m in out[1:]] == [[0], [0]]
   finally:
     close(out)
 

@@ -39,27 +39,3 @@ def test_tpu_mesh_names_and_registry_belong_to_their_runtime():
   assert b.registered_tpu_mesh_devices("m") is None
   with pytest.raises(ValueError, match="^Mesh name already in use: m$"):
     a.register_tpu_mesh("m", [])
-
-
-def test_a_client_probes_the_private_service_before_it_connects():
-  """gRPC backs off a whole second when its first connect is refused: the
-  heartbeat's clients wait until client 0's service listens, then connect."""
-  import socket
-  import threading
-  import time
-
-  from jdtensor.runtime import jax_private
-  reserved = socket.socket()
-  reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-  reserved.bind(("127.0.0.1", 0))  # Bound, not listening: refuses connections.
-  port = reserved.getsockname()[1]
-  assert not jax_private._wait_until_listening("127.0.0.1", port, 0.2)
-  server = socket.socket()
-  server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-  server.bind(("127.0.0.1", port))
-  threading.Timer(0.3, server.listen).start()
-  start = time.monotonic()
-  assert jax_private._wait_until_listening("127.0.0.1", port, 10.0)
-  assert 0.25 < time.monotonic() - start < 1.0  # At once, not after a back-off.
-  server.close()
-  reserved.close()
