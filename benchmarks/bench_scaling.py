@@ -221,14 +221,15 @@ CONTENDERS = {
 
 
 def _plot(path: str, counts: list[int], runs: dict[str, dict[int, list[Run]]],
-          detect: dict[int, list[float]]) -> str:
+          detect: dict[int, list[float]],
+          paired: dict[int, list[tuple[Run, Run]]]) -> str:
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   except ImportError:
     return "(no plot: matplotlib is not installed; `pip install -e '.[bench]'`)"
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+  fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
   for name, by_n in runs.items():
     ns = [n for n in counts if by_n.get(n)]
     axes[0].plot(ns, [statistics.median(r.first for r in by_n[n]) for n in ns],
@@ -238,16 +239,27 @@ def _plot(path: str, counts: list[int], runs: dict[str, dict[int, list[Run]]],
   ns = [n for n in counts if detect.get(n)]
   axes[2].plot(ns, [statistics.median(detect[n]) for n in ns], marker="o",
                color="tab:orange", label="jdtensor (period 1 s)")
+  ns = [n for n in counts if paired.get(n)]
+  for n in ns:  # Every round's ratio, and the median's line.
+    ratios = [jd.cpu / raw.cpu for raw, jd in paired[n]]
+    axes[3].scatter([n] * len(ratios), ratios, color="tab:blue", alpha=0.4, s=12)
+  axes[3].plot(ns, [statistics.median(jd.cpu / raw.cpu for raw, jd in paired[n])
+                    for n in ns], marker="o", label="jdtensor / raw JAX (median)")
+  axes[3].axhline(1.05, color="tab:red", linestyle="--", linewidth=1,
+                  label="target 1.05x")
+  axes[3].axhline(1.0, color="gray", linewidth=1)
   titles = ("Cold start: launch to every client's first psum (s)",
             "CPU per client, whole process (s)",
-            "Dead-client detection: SIGKILL to last survivor's exit (s)")
+            "Dead-client detection: SIGKILL to last survivor's exit (s)",
+            "CPU per client, paired rounds: jdtensor / raw JAX")
   for ax, title in zip(axes, titles):
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("clients (1 CPU device each)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(counts, [str(n) for n in counts])
     ax.grid(True, alpha=0.3)
-    ax.set_ylim(bottom=0)
+    if ax is not axes[3]:
+      ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
   fig.suptitle(f"jdtensor start-up scaling ({machine()})", fontsize=10)
   fig.tight_layout()
@@ -337,6 +349,19 @@ def main(argv=None) -> str:
       extra = statistics.median(r.after_imports for r in runs[name][n]) - raw_after
       cells.append(f"{extra * 1e3:+.0f} ms ({(raw_whole + extra) / raw_whole:.3f}x)")
     lines.append(f"| {n} | " + " | ".join(cells) + " |")
+  lines += ["", "Wall to every client's first psum, each round (seconds, in the "
+            "order run), and the mean: at 2 clients raw JAX's second client "
+            "either escapes the coordinator's connect back-off or waits about "
+            "1 s in it, so its rounds are bimodal and the median depends on how "
+            "often it escaped (jdtensor's rendezvous never lets a client meet "
+            "the back-off):", "",
+            "| clients | raw JAX | mean | jdtensor | mean |", "|---:|---|---:|---|---:|"]
+  for n in counts:
+    cells = []
+    for name in ("raw JAX", "jdtensor"):
+      walls = [r.first for r in runs[name][n]]
+      cells += [", ".join(f"{w:.2f}" for w in walls), f"{statistics.mean(walls):.2f}"]
+    lines.append(f"| {n} | " + " | ".join(cells) + " |")
   if paired:
     lines += ["", "Paired: raw JAX's N clients and jdtensor's N clients started at "
               "once, in turn, each cluster its own (2N processes on the machine), "
@@ -344,8 +369,9 @@ def main(argv=None) -> str:
               "client (medians), and jdtensor's ratio to raw JAX's in each round "
               "(median and range):", "",
               "| clients | raw JAX | jdtensor | ratio, median | ratio, each round "
-              "| after the imports, jdtensor's extra |",
-              "|---:|---:|---:|---:|---|---:|"]
+              "| after the imports, jdtensor's extra | wall to the first psum, "
+              "ratio (median) |",
+              "|---:|---:|---:|---:|---|---:|---:|"]
     for n in counts:
       pairs = paired.get(n, [])
       if not pairs:
@@ -358,7 +384,8 @@ def main(argv=None) -> str:
           f"{statistics.median(j.cpu for _, j in pairs):.3f} s | "
           f"{statistics.median(ratios):.3f}x | "
           + ", ".join(f"{r:.3f}" for r in ratios) + " | "
-          + (f"{1e3 * statistics.median(extras):+.0f} ms" if extras else "") + " |")
+          + (f"{1e3 * statistics.median(extras):+.0f} ms" if extras else "") + " | "
+          f"{statistics.median(jd.first / raw.first for raw, jd in pairs):.3f}x |")
   lines += ["", "How the cost grows (least-squares slope over the client counts):", ""]
   for name in names:
     ns = sorted(runs[name])
@@ -376,7 +403,7 @@ def main(argv=None) -> str:
     d = detect[n]
     lines.append(f"| {n} | {len(d)} | {min(d):.2f} | {statistics.median(d):.2f} | "
                  f"{max(d):.2f} |")
-  lines += ["", _plot(args.plot, counts, runs, detect)]
+  lines += ["", _plot(args.plot, counts, runs, detect, paired)]
   report = "\n".join(lines)
   print(report)
   return report
