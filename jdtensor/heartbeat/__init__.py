@@ -278,8 +278,10 @@ def leave(departure: Departure) -> bool:
       hb.abandon()
     if departure.consequence:
       # The heartbeat has told everyone (and the launcher) whom it blames;
-      # under "terminate" it has said so here too: each thing is said once.
-      if hb is None or hb.policy != "terminate":
+      # under "terminate" it says so here too: each thing is said once. Its
+      # verdict may be on its way out on another thread (the links'), which
+      # this exit would cut short: wait for the line, or say it here.
+      if hb is None or not hb.terminating or not hb.said.wait(HOST_EXIT_WAIT):
         sys.stderr.write(f"jdtensor: client {me} {departure.why}\n")
     else:
       if links is not None:

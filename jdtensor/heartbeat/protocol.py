@@ -209,6 +209,11 @@ class Heartbeat:
     self.event = _WakingEvent(self._wake)  # Set by users to stop every client.
     self.stopped = threading.Event()  # Set once the beat thread has ended.
     self.ready = threading.Event()  # Set once the first exchange is done.
+    # Whether this client's failure ends it under "terminate" (`_fail`), and
+    # set once that verdict's line is out: whoever leaves first must not end
+    # the process before it is (see `jdtensor.heartbeat.leave`).
+    self.terminating = False
+    self.said = threading.Event()
     self.token = 0
     self.beats = 0  # Completed beats after the first exchange.
     self.beat_seconds = 0.0  # Total wall time spent inside beats.
@@ -609,10 +614,14 @@ class Heartbeat:
       message = f"{core}; {self._consequence()}"
       error = PeerFailureError(message, tuple(ids))
       self.failure = error
+      # Decided with the failure, once: under "terminate" this thread says it
+      # and ends the process, even if the main thread starts leaving (on
+      # the collective error this failure causes) while it reports.
+      self.terminating = self.policy == "terminate" and self.exiting is None
     culprits = [c for c in error.client_ids if c != self.client_id]
     # Under "terminate" this client leaves at once: the launcher waits for it
     # to end by itself rather than stopping it.
-    leaving = self.policy == "terminate" and self.exiting is None
+    leaving = self.terminating
     if culprits:
       self._announce(culprits, core)
       self._report(culprits, core, leaving)
@@ -620,11 +629,12 @@ class Heartbeat:
       self._report([self.client_id], public or core, leaving)
       if public is not None:
         self._announce([self.client_id], public)
-    if self.policy == "terminate" and self.exiting is None:
+    if self.terminating:
       # One plain line, certain to be seen, then exit without JAX's shutdown
       # barrier (it would wait for the failed client).
       sys.stderr.write(message + "\n")
       sys.stderr.flush()
+      self.said.set()
       if self.client_id == 0:  # Hosts the services: leave last.
         # Not for a culprit that may never end (stalled, stopped); but one
         # that announced its departure is on its way out: ending the services

@@ -693,3 +693,54 @@ def test_heartbeat_settings_defaults_and_agreement_keys():
       "JDTENSOR_STUCK_TIMEOUT"]
   # The straggler window is at least two periods (80 s here), else 60 s.
   assert (s.straggler_threshold, s.straggler_window) == (30, 80)
+
+
+class _SlowLauncherHooks(Hooks):
+  """Telling the launcher blocks until `go` is set (a slow report directory)."""
+
+  def __init__(self, exits):
+    super().__init__(exits)
+    self.go = threading.Event()
+
+  def tell_launcher(self, clients, why, leaving):
+    self.go.wait(10)
+    super().tell_launcher(clients, why, leaving)
+
+
+def test_a_consequence_under_terminate_leaves_only_once_the_verdict_is_said(
+    capsys, monkeypatch):
+  """Seen in CI: the links' thread records a verdict, the beat thread ends on
+  it and wakes the main thread's exit, which ended the process (code 75)
+  while the links' thread was still reporting: the client never said whom
+  it blamed. The exit now waits for the verdict's line."""
+  from jdtensor.heartbeat.departure import Departure  # pylint: disable=g-import-not-at-top
+  codes = []
+  hooks = _SlowLauncherHooks(codes)
+  hb = beat(0.5, "terminate", 3, 4, process=hooks)
+  monkeypatch.setattr(heartbeat, "_current", hb)
+  verdict = threading.Thread(target=hb.peer_reported, daemon=True,
+                             args=([2], "heartbeat: client 2 stalled", 0))
+  verdict.start()
+  _wait_until(lambda: hb.failure is not None)
+  assert not hb.said.is_set()
+  left = []
+  leaving = threading.Thread(target=lambda: left.append(heartbeat.leave(Departure(
+      75, f"failed: ValueError: Gloo, after {hb.failure}", True, peer_lost=True,
+      consequence=True))), daemon=True)
+  leaving.start()
+  time.sleep(0.3)
+  assert leaving.is_alive() and not left  # Waits for the verdict's line.
+  hooks.go.set()
+  verdict.join(5)
+  leaving.join(5)
+  assert left == [False] and codes == [protocol.EXIT_CODE]
+  err = capsys.readouterr().err
+  assert err.count("client 2 stalled") == 1, err  # Said once, by the heartbeat.
+  assert "jdtensor: client" not in err, err
+
+
+def _wait_until(predicate, timeout=5.0):
+  deadline = time.monotonic() + timeout
+  while not predicate():
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(0.01)
