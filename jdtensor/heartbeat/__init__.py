@@ -232,30 +232,40 @@ def _my_id() -> int:
 
 
 def blame_peer(departure: Departure) -> Departure:
-  """`departure` failed in a collective whose connection to another client
-  went away: waits briefly for the heartbeat to name that client (the liveness
-  links see a process end at once; a missed beat takes up to two periods).
+  """Decides whether the failed `departure` is this client's own or a
+  consequence of another client that the heartbeat has named.
 
-  Under policy "terminate" the heartbeat then ends this process itself, with
-  code 75 and the other client named; under "raise" and "log" this returns a
-  consequence departure (code 75). Returns `departure` unchanged when nobody
-  else was named in time: the failure is this client's own.
+  A collective's error about a connection to another client that went away
+  (``peer_lost``) first waits briefly for the heartbeat to name that client
+  (the liveness links see a process end at once; a missed beat takes up to
+  two periods). Any other failure only checks whether a verdict under
+  "terminate" came first: its thread is then already ending this process
+  (code 75), and this client leaves as its consequence.
+
+  The decision is taken with the heartbeat's own (`Heartbeat.abandon`): a
+  verdict that comes after it is not acted on, so the process never both
+  announces its own failure and ends on someone else's.
+
+  Returns:
+    A consequence departure (code 75) naming the verdict, or `departure`
+    unchanged when the failure is this client's own.
   """
   hb = _current
   if hb is None or hb.exiting is not None:
     return departure
   me = _my_id()
-  if departure.join_wait is not None:
-    # Nobody else can name a client that never reached the collective: it is
-    # alive and beating. Every waiter names it from the same beats.
-    hb.late_for_collective(departure.join_wait)
-  hb.stopped.wait(min(2 * hb.period + ROLL_CALL_GRACE, HOST_EXIT_WAIT))
-  failure = hb.failure
+  if departure.peer_lost:
+    if departure.join_wait is not None:
+      # Nobody else can name a client that never reached the collective: it
+      # is alive and beating. Every waiter names it from the same beats.
+      hb.late_for_collective(departure.join_wait)
+    hb.stopped.wait(min(2 * hb.period + ROLL_CALL_GRACE, HOST_EXIT_WAIT))
+  failure = hb.abandon()
   culprits = [] if failure is None else [c for c in failure.client_ids if c != me]
-  if not culprits:
+  if not culprits or not (departure.peer_lost or hb.terminating):
     return departure
   return Departure(EXIT_CODE, f"{departure.why}, after {failure}", True,
-                   peer_lost=True, consequence=True)
+                   peer_lost=departure.peer_lost, consequence=True)
 
 
 def leave(departure: Departure) -> bool:

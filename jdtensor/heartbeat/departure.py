@@ -124,9 +124,9 @@ class ExitGuard:
       (which would wait for a client that is gone, then abort the process).
     on_thread_exception: Called with a notice when a background thread dies
       of an exception.
-    blame_peer: Called, before `on_leave`, with a failure flagged
-      ``peer_lost``; returns the departure to leave with (a consequence when
-      the other client that went away was named in time).
+    blame_peer: Called, before `on_leave`, with every failure; returns the
+      departure to leave with (a consequence when another client was named
+      in time: the one that went away, for a failure flagged ``peer_lost``).
     busy_threads: Returns the names of background threads (not jdtensor's)
       still inside JAX at exit; when there are any, the process ends with
       ``os._exit`` after the exit handlers (Python's finalisation would
@@ -236,7 +236,7 @@ class ExitGuard:
     self.departure = self.departure_now()
     clean = False
     try:
-      if self.departure.peer_lost and self._blame_peer is not None:
+      if self.departure.failed and self._blame_peer is not None:
         self.departure = self._blame_peer(self.departure)
       clean = self._on_leave(self.departure)
     finally:

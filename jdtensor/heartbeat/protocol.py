@@ -722,12 +722,21 @@ class Heartbeat:
       self.event.set()
     self._wake.set()
 
-  def abandon(self) -> None:
-    """This client is leaving with a failure: react to nothing any more."""
-    self.exiting = "failed"
+  def abandon(self) -> PeerFailureError | None:
+    """This client is leaving with a failure: react to nothing any more.
+
+    Returns:
+      The failure recorded before, if any. Decided under the failure's lock:
+      a verdict is either recorded before this (and, under "terminate", its
+      thread says it and ends the process) or not acted on at all.
+    """
+    with self._fail_lock:
+      self.exiting = "failed"
+      failure = self.failure
     self.stopped.set()
     with self._beat_changed:
       self._beat_changed.notify_all()
+    return failure
 
   def stop(self, timeout: float | None = None) -> bool:
     """Requests the agreed stop and waits for it (and the teardown).

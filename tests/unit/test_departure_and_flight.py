@@ -301,14 +301,24 @@ def test_a_lost_peer_failure_asks_whom_to_blame_before_leaving(monkeypatch):
   monkeypatch.setattr(g, "_exit_now", exits.append)
   g.run()
   assert left == [blamed] and exits == [75]
-  # Without a lost peer, nobody is asked.
+  # Any other failure is asked too (a verdict under "terminate" may have come
+  # first); left as it is when nobody else was named.
   monkeypatch.setattr(sys, "last_value", ValueError("bad"), raising=False)
   left.clear()
+  asked = []
   g2 = departure_mod.ExitGuard(lambda d: left.append(d) or False, lambda: None,
-                            blame_peer=lambda d: pytest.fail("asked"))
+                            blame_peer=lambda d: asked.append(d) or d)
   monkeypatch.setattr(g2, "_exit_now", exits.append)
   g2.run()
-  assert left[0].code == 1 and not left[0].peer_lost and exits[-1] == 1
+  assert asked == left and left[0].code == 1 and not left[0].peer_lost
+  assert exits[-1] == 1
+  # A normal end is never asked.
+  monkeypatch.setattr(sys, "last_value", None, raising=False)
+  left.clear()
+  g3 = departure_mod.ExitGuard(lambda d: left.append(d) or True, lambda: None,
+                            blame_peer=lambda d: pytest.fail("asked"))
+  g3.run()
+  assert left == [departure_mod.Departure(0, "exited (code 0)", False)]
 
 
 @pytest.mark.parametrize("message, waited", [

@@ -739,6 +739,63 @@ def test_a_consequence_under_terminate_leaves_only_once_the_verdict_is_said(
   assert "jdtensor: client" not in err, err
 
 
+def test_a_verdict_after_the_exit_gave_up_waiting_for_one_is_not_acted_on(
+    capsys, monkeypatch):
+  """Found on review: a verdict recorded between `blame_peer`'s time-out and
+  the exit's `abandon` still ended the process (code 75) while the main
+  thread announced its own failure. The two now decide under one lock."""
+  from jdtensor.heartbeat.departure import Departure  # pylint: disable=g-import-not-at-top
+  codes = []
+  hb = beat(0.5, "terminate", 3, 4, process=Hooks(codes))
+  monkeypatch.setattr(heartbeat, "_current", hb)
+  own = Departure(1, "failed: ValueError: Gloo all-reduce failed", True,
+                  peer_lost=True)
+  assert heartbeat.blame_peer(own) is own  # Nobody named in time: its own.
+  hb.peer_reported([2], "heartbeat: client 2 stalled", 0)  # Too late.
+  assert hb.failure is None and not hb.terminating and codes == []
+  assert "client 2 stalled" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("departure", [
+    ("failed: ValueError: bad (train.py:3 in step)", 1),
+    ("exited (code 3)", 3)], ids=["exception", "exit-code"])
+def test_a_failure_after_a_verdict_under_terminate_leaves_as_its_consequence(
+    capsys, monkeypatch, departure):
+  """The verdict's thread is ending the process with code 75: the main
+  thread, failing meanwhile for any reason, leaves as its consequence (same
+  code, the verdict said once) rather than announcing a failure of its own."""
+  from jdtensor.heartbeat.departure import Departure  # pylint: disable=g-import-not-at-top
+  codes = []
+  hooks = _SlowLauncherHooks(codes)
+  hb = beat(0.5, "terminate", 3, 4, process=hooks)
+  monkeypatch.setattr(heartbeat, "_current", hb)
+  verdict = threading.Thread(target=hb.peer_reported, daemon=True,
+                             args=([2], "heartbeat: client 2 stalled", 0))
+  verdict.start()
+  _wait_until(lambda: hb.failure is not None)
+  why, code = departure
+  leaving = heartbeat.blame_peer(Departure(code, why, True))
+  assert leaving.code == protocol.EXIT_CODE and leaving.consequence
+  assert leaving.why.startswith(f"{why}, after heartbeat: client 2 stalled")
+  left = []
+  exiting = threading.Thread(target=lambda: left.append(heartbeat.leave(leaving)),
+                             daemon=True)
+  exiting.start()
+  hooks.go.set()
+  verdict.join(5)
+  exiting.join(5)
+  assert left == [False] and codes == [protocol.EXIT_CODE]
+  err = capsys.readouterr().err
+  assert err.count("client 2 stalled") == 1, err
+  assert "jdtensor: client" not in err, err
+  # Under "raise", a failure after a verdict is still this client's own.
+  hb2 = beat(0.5, "raise", 3, 4, process=Hooks([]))
+  monkeypatch.setattr(heartbeat, "_current", hb2)
+  hb2.peer_reported([2], "heartbeat: client 2 stalled", 0)
+  mine = Departure(code, why, True)
+  assert heartbeat.blame_peer(mine) is mine
+
+
 def _wait_until(predicate, timeout=5.0):
   deadline = time.monotonic() + timeout
   while not predicate():
