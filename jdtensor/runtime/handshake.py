@@ -17,15 +17,21 @@ from jdtensor.runtime.links import Links
 
 __all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "run_id",
            "jobs_digest", "PROTOCOL", "STAGE_SECONDS", "CLIENT_STAGE_SECONDS",
-           "POLL_SECONDS", "retry_delays", "NONCE_RE", "RUN_RE", "send"]
+           "WAITING_SECONDS", "POLL_SECONDS", "retry_delays", "NONCE_RE", "RUN_RE",
+           "send"]
 
 # 3: the heartbeat beats on the links; ``go`` carries no private service port.
-PROTOCOL = 3
+# 4: until ``go``, client 0 says whom it is still waiting for (``waiting``).
+PROTOCOL = 4
 # The time a peer has for each stage of the handshake on client 0 (a
 # legitimate client answers at once); frames are at most MAX_FRAME bytes.
 STAGE_SECONDS = 2.0
-# How long a client waits for client 0's answer at each stage.
+# How long a client waits for client 0's answer at each stage; while client 0
+# waits for the other clients it says so every WAITING_SECONDS, so a client
+# that waits longer than this for ``go`` is waiting for a client 0 that is
+# gone or stopped, never for a late client (that wait has the init timeout).
 CLIENT_STAGE_SECONDS = 10.0
+WAITING_SECONDS = 2.0
 POLL_SECONDS = 0.05
 # A client that finds client 0 not yet listening tries again soon
 # (`retry_delays`): clients started together reach the rendezvous tens of

@@ -22,8 +22,8 @@ from jdtensor._wire import (MAX_FRAME, Frames, format_host_port, handshake_proof
                             socket_host)
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.runtime.handshake import (NONCE_RE, PROTOCOL, RUN_RE, STAGE_SECONDS,
-                                        Hello, Meeting, PeerHello, jobs_digest,
-                                        run_id, send)
+                                        WAITING_SECONDS, Hello, Meeting, PeerHello,
+                                        jobs_digest, run_id, send)
 from jdtensor.runtime.links import Links
 
 __all__ = ["serve"]
@@ -98,6 +98,11 @@ class _Server:
 
   def _close(self, conn: _Conn) -> None:
     self.conns.pop(conn.sock, None)
+    if conn.hello is not None and self.peers.get(conn.hello.client_id) is conn:
+      # A client that met us and left before `go` (it failed, was stopped by
+      # hand, or gave up): not part of the cluster any more; it may connect
+      # again (a restarted client) before the init timeout.
+      del self.peers[conn.hello.client_id]
     try:
       self.selector.unregister(conn.sock)
     except (KeyError, ValueError):
@@ -127,6 +132,13 @@ class _Server:
     except OSError:
       data = b""
     if not data:
+      if conn.stage == "done" and conn.hello is not None:
+        logging.warning(
+            "jdtensor: client 0: client %d left the start-up before every client "
+            "arrived (its connection closed); waiting for it to connect again",
+            conn.hello.client_id)
+        self._close(conn)
+        return
       self._refuse(conn, f"it closed the connection during the {conn.stage} stage")
       return
     try:
@@ -195,19 +207,38 @@ class _Server:
         self._refuse(conn, f"it sent nothing valid within {STAGE_SECONDS:g} s "
                      f"(the {conn.stage} stage)", told="too slow; try again")
 
+  def _missing(self) -> list[int]:
+    return [i for i in range(1, self.me.num_clients) if i not in self.peers]
+
+  def _tell_waiting(self) -> None:
+    """Tells every client that has met us whom we are still waiting for: it
+    waits for a late client as long as the init timeout allows, and for a
+    silent client 0 only CLIENT_STAGE_SECONDS."""
+    frame = {"waiting": self._missing()}
+    for conn in list(self.peers.values()):
+      if not send(conn.sock, frame):
+        self._close(conn)
+
   def serve(self, timeout: float, deadline: float) -> dict[int, socket.socket]:
     """Waits for every client; their connections, or raises."""
+    told = time.monotonic()
     while len(self.peers) < self.me.num_clients - 1 and not self.problem:
-      remaining = deadline - time.monotonic()
+      now = time.monotonic()
+      remaining = deadline - now
       if remaining <= 0:
-        missing = [i for i in range(1, self.me.num_clients) if i not in self.peers]
-        raise StartupTimeoutError(
+        message = (
             f"Client 0 waited {timeout:g} s (the init timeout) at the "
             f"coordinator DTENSOR_JOBS[0]={self.coordinator!r} for client(s) "
-            f"{', '.join(map(str, missing))}, which never connected. Start "
-            "every client with the same DTENSOR_JOBS and its own "
+            f"{', '.join(map(str, self._missing()))}, which never connected. "
+            "Start every client with the same DTENSOR_JOBS and its own "
             "DTENSOR_CLIENT_ID, or raise the init timeout "
             "(JDTENSOR_INIT_TIMEOUT).")
+        for conn in list(self.peers.values()):  # They would wait on in vain.
+          send(conn.sock, {"error": message, "timeout": True})
+        raise StartupTimeoutError(message)
+      if now - told >= WAITING_SECONDS:
+        self._tell_waiting()
+        told = now
       for key, _ in self.selector.select(min(remaining, 0.2)):
         if key.fileobj is self.listener:
           self._accept()

@@ -19,7 +19,11 @@ exception that says what is wrong, every client first meets client 0 here:
    settings every client must share.
 4. Client 0 checks that all hellos agree, answers ``go``, or the error, to
    everyone, and closes the listener; JAX's coordination service then binds
-   the same port.
+   the same port. Until then it tells every client that has said hello whom
+   it is still waiting for, every `WAITING_SECONDS`: a client waits for a
+   late one as long as the init timeout allows (it may start minutes after
+   the others), for a client 0 that fell silent only `CLIENT_STAGE_SECONDS`.
+   A client that leaves before ``go`` is dropped, and may connect again.
 
 **A bad peer cannot break it.** Client 0 serves every connection at once
 (a selector), frames are newline-ended JSON objects of at most `MAX_FRAME`
@@ -44,6 +48,7 @@ import socket
 import time
 from typing import Any
 
+from jdtensor import _logging as logging
 from jdtensor._deadline import Deadline
 from jdtensor._wire import MAX_FRAME, Frames, handshake_proof, socket_host, split_host_port
 from jdtensor.errors import StartupError, StartupTimeoutError
@@ -82,16 +87,26 @@ def _read_frame(sock: socket.socket, frames: Frames, pending: list[dict[str, Any
 
 
 def _handshake(me: Hello, secret: str | None, coordinator: str,
-               sock: socket.socket, deadline: float) -> None:
+               sock: socket.socket, timeout: float, deadline: float) -> None:
   """This client's side on one connection; returns once client 0 says go, or raises."""
   mine = run_id(secret)
   frames, pending = Frames(), []
   where = f"DTENSOR_JOBS[0]={coordinator!r}"
 
+  waiting: list[int] = []  # Whom client 0 last said it waits for.
+
   def frame() -> dict[str, Any]:
     got = _read_frame(sock, frames, pending,
                       min(deadline, time.monotonic() + CLIENT_STAGE_SECONDS))
     if got is None:
+      if time.monotonic() >= deadline:
+        raise StartupTimeoutError(
+            f"Client {me.client_id} met client 0 at {where}, but the start-up "
+            f"did not complete within {timeout:g} s (the init timeout)"
+            + (f": client 0 was still waiting for client(s) "
+               f"{', '.join(map(str, waiting))}" if waiting else "")
+            + ". Start every client with the same DTENSOR_JOBS and its own "
+            "DTENSOR_CLIENT_ID, or raise the init timeout (JDTENSOR_INIT_TIMEOUT).")
       raise StartupError(
           f"Client {me.client_id}: the process at {where} closed the connection "
           "or fell silent during start-up; it is not a jdtensor client 0 of "
@@ -99,8 +114,9 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
     if "error" in got:
       if got["error"] == "too slow; try again":
         raise _Refused()
-      raise StartupError(f"Client {me.client_id}: start-up refused by client 0: "
-                         f"{str(got['error'])[:2000]}")
+      error = StartupTimeoutError if got.get("timeout") is True else StartupError
+      raise error(f"Client {me.client_id}: start-up refused by client 0: "
+                  f"{str(got['error'])[:2000]}")
     return got
   try:
     challenge = frame()
@@ -134,6 +150,12 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
         "JDTENSOR_RUN_SECRET; it is not this run's client 0.")
   send(sock, me.to_frame())
   reply = frame()
+  while isinstance(reply.get("waiting"), list):  # Others are still to come.
+    if reply["waiting"] != waiting:
+      waiting[:] = [c for c in reply["waiting"] if isinstance(c, int)]
+      logging.info("jdtensor client %d: client 0 is waiting for client(s) %s",
+                   me.client_id, ", ".join(map(str, waiting)))
+    reply = frame()
   if reply.get("go") is not True:
     raise StartupError(f"Client {me.client_id}: client 0 answered the start-up "
                        "handshake with something unexpected.")
@@ -168,7 +190,7 @@ def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
       time.sleep(min(next(delays), max(remaining, 0)))
       continue
     try:
-      _handshake(me, secret, coordinator, sock, deadline)
+      _handshake(me, secret, coordinator, sock, timeout, deadline)
     except _Refused:
       sock.close()
       continue
@@ -228,7 +250,7 @@ def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
     secret: The run's ``JDTENSOR_RUN_SECRET``; None runs unauthenticated.
 
   Returns:
-    The liveness links and the heartbeat service's port (see `Meeting`).
+    The liveness links (see `Meeting`).
 
   Raises:
     StartupError: Port taken, bind address not on this host, another run or

@@ -100,6 +100,17 @@ def test_a_slow_first_collective_is_not_killed_and_the_late_client_is_named(devi
   each_names_once(err, r"heartbeat: client 3 did not join the collective")
 
 
+@pytest.mark.parametrize("late_client", [0, 2])
+def test_a_client_started_long_after_the_others_joins_them(late_client):
+  """12 s late, longer than a client waits for a silent client 0 (10 s): a
+  late client 2 failed every client's start-up before client 0 said whom it
+  was waiting for. One device per client, the launcher's default."""
+  res, out, err, _ = run(1, "late_start", bad=late_client, LATE="12")
+  assert res.exit_code == 0 and res.returncodes == [0] * N, f"{res.reason}\n{err}"
+  assert out.count("DONE") == N
+  assert "Traceback" not in err and "heartbeat: client" not in err, err
+
+
 @DEVICES
 @pytest.mark.parametrize("late_client", [0, 2])
 def test_a_late_finisher_is_waited_for_and_the_run_ends_with_0(devices, late_client):

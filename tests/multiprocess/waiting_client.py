@@ -1,7 +1,8 @@
 """A training-like client for the shapes users run: SCEN picks what client
 BAD does, READ how every client reads its result.
 
-    SCEN=stall|exit0|late_first|late_end|busy|exitfalse|daemon|fork|atexit_raise|none
+    SCEN=stall|exit0|late_start|late_first|late_end|busy|exitfalse|daemon|fork|
+         atexit_raise|none
     READ=kept|temporary  BAD=1  STEPS=20  LATE=<seconds>  BUSY_SECONDS=<seconds>
     GUARD=1 (jax.thread_guard)
 
@@ -13,6 +14,8 @@ misbehaves and prints ``MISBEHAVING <unix time>`` first:
 * exit0 / exitfalse: ``sys.exit(0)`` / ``sys.exit(False)`` mid-run (exitfalse
   with BAD absent: every client ends with ``sys.exit(False)``, as
   ``absltest.main()`` does);
+* late_start: starts LATE s after the others (before it imports anything:
+  started by hand, or on a node that boots late);
 * late_first: sleeps LATE s before its first collective (a slow set-up);
 * late_end: works LATE s after its last step (a long final save);
 * busy: a long computation on its own devices (JAX, not a collective), one
@@ -31,6 +34,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
+
+if (os.environ.get("SCEN") == "late_start"
+    and os.environ.get("BAD") == os.environ.get("DTENSOR_CLIENT_ID")):
+  time.sleep(float(os.environ.get("LATE", "10")))
 
 import jdtensor  # noqa: E402
 

@@ -264,3 +264,128 @@ def meet_quietly(jobs, port):
     rendezvous(hello(jobs, 0), jobs[0], ("127.0.0.1", port), Deadline(1.5), SECRET)
   except StartupTimeoutError:
     pass
+
+
+def start_client(jobs, client, timeout, secret=SECRET):
+  """One client's rendezvous on a thread; (thread, [result or error])."""
+  out = [None]
+
+  def run():
+    try:
+      out[0] = rendezvous(hello(jobs, client), jobs[0],
+                          ("127.0.0.1", int(jobs[0].rsplit(":", 1)[1])),
+                          Deadline(timeout), secret)
+    except Exception as e:  # pylint: disable=broad-except
+      out[0] = e
+  t = threading.Thread(target=run, daemon=True)
+  t.start()
+  return t, out
+
+
+@pytest.fixture
+def short_stages(monkeypatch):
+  """A client 0 silent for 0.6 s is given up; it speaks every 0.15 s."""
+  from jdtensor.runtime import host  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(rendezvous_mod, "CLIENT_STAGE_SECONDS", 0.6)
+  monkeypatch.setattr(host, "WAITING_SECONDS", 0.15)
+  return host
+
+
+def test_a_client_that_starts_long_after_the_others_still_meets_them(short_stages):
+  """Found by hand: a client started more than CLIENT_STAGE_SECONDS (10 s)
+  after the others (by hand, a node that boots late, 64 clients on 2 cores)
+  failed every client's start-up ("client 0 ... fell silent"), and client 0
+  with a bare OSError. Client 0 now says whom it waits for, and a client
+  waits for a late one as long as the init timeout allows."""
+  del short_stages
+  jobs = cluster(3)
+  early = [start_client(jobs, c, 10) for c in (0, 1)]
+  time.sleep(1.5)  # 2.5 stage time-outs.
+  late = start_client(jobs, 2, 10)
+  out = []
+  for t, result in (*early, late):
+    t.join(15)
+    out.append(result[0])
+  try:
+    assert all(isinstance(m, rendezvous_mod.Meeting) for m in out), out
+  finally:
+    close(out)
+
+
+def test_a_client_0_that_falls_silent_before_go_is_still_given_up(short_stages,
+                                                                  monkeypatch):
+  monkeypatch.setattr(short_stages._Server, "_tell_waiting", lambda self: None)
+  jobs = cluster(3)
+  port = jobs[0]
+  (t0, out0), (t1, out1) = start_client(jobs, 0, 3), start_client(jobs, 1, 10)
+  t1.join(5)
+  assert isinstance(out1[0], StartupError), out1
+  assert not isinstance(out1[0], StartupTimeoutError)
+  assert str(out1[0]) == (
+      f"Client 1: the process at DTENSOR_JOBS[0]={port!r} closed the connection "
+      "or fell silent during start-up; it is not a jdtensor client 0 of this "
+      "run, or it failed. Check client 0's output.")
+  t0.join(5)
+
+
+def test_every_waiting_client_hears_whom_client_0_timed_out_on(short_stages):
+  del short_stages
+  jobs = cluster(4)
+  (t0, out0), (t1, out1), (t2, out2) = (start_client(jobs, 0, 1.5),
+                                        start_client(jobs, 1, 10),
+                                        start_client(jobs, 3, 10))
+  for t in (t0, t1, t2):
+    t.join(5)
+  message = (f"Client 0 waited 1.5 s (the init timeout) at the coordinator "
+             f"DTENSOR_JOBS[0]={jobs[0]!r} for client(s) 2, which never "
+             "connected. Start every client with the same DTENSOR_JOBS and its "
+             "own DTENSOR_CLIENT_ID, or raise the init timeout "
+             "(JDTENSOR_INIT_TIMEOUT).")
+  assert isinstance(out0[0], StartupTimeoutError) and str(out0[0]) == message
+  for client, out in ((1, out1), (3, out2)):
+    assert isinstance(out[0], StartupTimeoutError), out
+    assert str(out[0]) == f"Client {client}: start-up refused by client 0: {message}"
+
+
+def test_a_client_whose_own_init_timeout_ends_first_says_whom_client_0_awaits(
+    short_stages, monkeypatch):
+  del short_stages
+  monkeypatch.setattr(rendezvous_mod, "CLIENT_STAGE_SECONDS", 5.0)
+  jobs = cluster(3)
+  (t0, out0), (t1, out1) = start_client(jobs, 0, 3), start_client(jobs, 1, 1)
+  t1.join(5)
+  assert isinstance(out1[0], StartupTimeoutError), out1
+  assert str(out1[0]) == (
+      f"Client 1 met client 0 at DTENSOR_JOBS[0]={jobs[0]!r}, but the start-up "
+      "did not complete within 1 s (the init timeout): client 0 was still "
+      "waiting for client(s) 2. Start every client with the same DTENSOR_JOBS "
+      "and its own DTENSOR_CLIENT_ID, or raise the init timeout "
+      "(JDTENSOR_INIT_TIMEOUT).")
+  t0.join(5)
+
+
+def test_a_client_that_leaves_before_go_may_come_back(short_stages, caplog):
+  """The client that gave up above left client 0 holding its closed
+  connection: when the last client came, client 0 died of an OSError (bad
+  file descriptor). It is now dropped, with a warning, and may connect again
+  (a restarted client)."""
+  del short_stages
+  jobs = cluster(3)
+  with caplog.at_level("WARNING", logger="jdtensor"):
+    (t0, out0), (t1, out1) = start_client(jobs, 0, 10), start_client(jobs, 1, 0.5)
+    t1.join(5)
+    assert isinstance(out1[0], StartupTimeoutError), out1
+    time.sleep(0.3)  # Client 0 sees it leave.
+    again, last = start_client(jobs, 1, 10), start_client(jobs, 2, 10)
+    out = []
+    for t, result in ((t0, out0), again, last):
+      t.join(15)
+      out.append(result[0])
+  try:
+    assert all(isinstance(m, rendezvous_mod.Meeting) for m in out), out
+    assert sorted(out[0].links._sockets) == [1, 2]
+    assert ("jdtensor: client 0: client 1 left the start-up before every client "
+            "arrived (its connection closed); waiting for it to connect again"
+            in caplog.text), caplog.text
+  finally:
+    close(out)
