@@ -282,9 +282,14 @@ class _NodeR:
 
   def begin(self, attempt: int) -> Attempt:
     held = _ports(self.spec, self.address)
+    # The first ``go`` comes once every node has joined: node 0 waits for the
+    # last one up to the join time-out (nodes may boot minutes apart), and
+    # says so (an error) if it never comes.
+    wait = _ROUND_SECONDS + (self.spec.timeout or _DEFAULT_JOIN_SECONDS
+                             if attempt == 0 else 0.0)
     try:
       self.chan.send({"ports": [self.address, held.ports]})
-      frame = self.expect(("go", "finish"), Deadline(_ROUND_SECONDS))
+      frame = self.expect(("go", "finish"), Deadline(wait))
     finally:
       held.release()
     if "finish" in frame:
