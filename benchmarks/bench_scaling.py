@@ -2,6 +2,7 @@
 
     python benchmarks/bench_scaling.py [--repeats N] [--clients 2,4,8,16,32]
         [--tf-clients 2,4,8,16] [--plot benchmarks/scaling.png]
+    python benchmarks/bench_scaling.py --paired-only [--repeats N] [--clients 16,32]
 
 1. Cold start. N clients x 1 CPU device, each building a mesh of every
    device, running one cross-client psum and exiting normally
@@ -275,6 +276,32 @@ def _slope(xs: list[int], ys: list[float]) -> float:
           / sum((x - mx) ** 2 for x in xs))
 
 
+def paired_only(counts: list[int], repeats: int) -> str:
+  """Only the paired rounds: each round's wall to the first psum and CPU per
+  client, jdtensor's over raw JAX's, with the median, the mean and two
+  standard errors of the mean (a round's ratio spreads by a few percent)."""
+  cold_start_paired(4, False)  # Fills the bytecode cache.
+  lines = [f"Paired rounds only, {repeats} a count (who starts first alternates): "
+           "jdtensor's wall to every client's first psum and CPU per client over "
+           "raw JAX's, each round in the order run:", "",
+           "| clients | wall, each round | wall: median / mean +- 2 s.e. | "
+           "CPU, each round | CPU: median |", "|---:|---|---:|---|---:|"]
+  for n in counts:
+    walls, cpus = [], []
+    for round_ in range(repeats):
+      raw, jd = cold_start_paired(n, round_ % 2 == 1)
+      walls.append(jd.first / raw.first)
+      cpus.append(jd.cpu / raw.cpu)
+    error = 2 * statistics.stdev(walls) / len(walls) ** 0.5 if len(walls) > 1 else 0.0
+    lines.append(f"| {n} | {', '.join(f'{w:.3f}' for w in walls)} | "
+                 f"{statistics.median(walls):.3f} / {statistics.mean(walls):.3f} "
+                 f"+- {error:.3f} | {', '.join(f'{c:.3f}' for c in cpus)} | "
+                 f"{statistics.median(cpus):.3f} |")
+  report = "\n".join(lines)
+  print(report)
+  return report
+
+
 def main(argv=None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=3)
@@ -285,8 +312,12 @@ def main(argv=None) -> str:
   parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "scaling.png"))
   parser.add_argument("--no-paired", action="store_true",
                       help="skip the paired rounds (both clusters at once)")
+  parser.add_argument("--paired-only", action="store_true",
+                      help="only the paired rounds, each round's ratios listed")
   args = parser.parse_args(argv)
   counts = [int(v) for v in args.clients.split(",")]
+  if args.paired_only:
+    return paired_only(counts, args.repeats)
   tf_counts = {int(v) for v in args.tf_clients.split(",")} if TF_PY else set()
   names = [k for k in CONTENDERS if k != "TF DTensor" or tf_counts]
   runs: dict[str, dict[int, list[Run]]] = {k: {} for k in names}
