@@ -707,13 +707,9 @@ class _SlowLauncherHooks(Hooks):
     super().tell_launcher(clients, why, leaving)
 
 
-def test_a_consequence_under_terminate_leaves_only_once_the_verdict_is_said(
-    capsys, monkeypatch):
-  """Seen in CI: the links' thread records a verdict, the beat thread ends on
-  it and wakes the main thread's exit, which ended the process (code 75)
-  while the links' thread was still reporting: the client never said whom
-  it blamed. The exit now waits for the verdict's line."""
-  from jdtensor.heartbeat.departure import Departure  # pylint: disable=g-import-not-at-top
+def _verdict_being_reported(monkeypatch):
+  """A heartbeat (policy "terminate") whose links' thread has recorded that
+  client 2 stalled and is still telling the launcher (until `hooks.go`)."""
   codes = []
   hooks = _SlowLauncherHooks(codes)
   hb = beat(0.5, "terminate", 3, 4, process=hooks)
@@ -722,6 +718,17 @@ def test_a_consequence_under_terminate_leaves_only_once_the_verdict_is_said(
                              args=([2], "heartbeat: client 2 stalled", 0))
   verdict.start()
   _wait_until(lambda: hb.failure is not None)
+  return hb, hooks, codes, verdict
+
+
+def test_a_consequence_under_terminate_leaves_only_once_the_verdict_is_said(
+    capsys, monkeypatch):
+  """Seen in CI: the links' thread records a verdict, the beat thread ends on
+  it and wakes the main thread's exit, which ended the process (code 75)
+  while the links' thread was still reporting: the client never said whom
+  it blamed. The exit now waits for the verdict's line."""
+  from jdtensor.heartbeat.departure import Departure  # pylint: disable=g-import-not-at-top
+  hb, hooks, codes, verdict = _verdict_being_reported(monkeypatch)
   assert not hb.said.is_set()
   left = []
   leaving = threading.Thread(target=lambda: left.append(heartbeat.leave(Departure(
@@ -765,14 +772,7 @@ def test_a_failure_after_a_verdict_under_terminate_leaves_as_its_consequence(
   thread, failing meanwhile for any reason, leaves as its consequence (same
   code, the verdict said once) rather than announcing a failure of its own."""
   from jdtensor.heartbeat.departure import Departure  # pylint: disable=g-import-not-at-top
-  codes = []
-  hooks = _SlowLauncherHooks(codes)
-  hb = beat(0.5, "terminate", 3, 4, process=hooks)
-  monkeypatch.setattr(heartbeat, "_current", hb)
-  verdict = threading.Thread(target=hb.peer_reported, daemon=True,
-                             args=([2], "heartbeat: client 2 stalled", 0))
-  verdict.start()
-  _wait_until(lambda: hb.failure is not None)
+  hb, hooks, codes, verdict = _verdict_being_reported(monkeypatch)
   why, code = departure
   leaving = heartbeat.blame_peer(Departure(code, why, True))
   assert leaving.code == protocol.EXIT_CODE and leaving.consequence
