@@ -50,6 +50,11 @@ _ROUND_SECONDS = 120.0  # For a node's ports, or its "done", once running.
 _EXIT_USAGE = 2
 
 
+def _join_seconds(spec: LaunchSpec) -> float:
+  """How long node 0 waits for every node to join (``--timeout``)."""
+  return spec.timeout or _DEFAULT_JOIN_SECONDS
+
+
 def _client_secret(secret: str | None, nonce: str) -> str | None:
   """The clients' run secret for one attempt, derived on every node."""
   if not secret:
@@ -285,8 +290,7 @@ class _NodeR:
     # The first ``go`` comes once every node has joined: node 0 waits for the
     # last one up to the join time-out (nodes may boot minutes apart), and
     # says so (an error) if it never comes.
-    wait = _ROUND_SECONDS + (self.spec.timeout or _DEFAULT_JOIN_SECONDS
-                             if attempt == 0 else 0.0)
+    wait = _ROUND_SECONDS + (_join_seconds(self.spec) if attempt == 0 else 0.0)
     try:
       self.chan.send({"ports": [self.address, held.ports]})
       frame = self.expect(("go", "finish"), Deadline(wait))
@@ -352,7 +356,7 @@ def run(spec: LaunchSpec, out: IO[str], err: IO[str],
   """Runs `spec` across its nodes and attempts; see the module docstring."""
   if spec.nnodes == 1:
     return _run_attempts(_OneNode(spec), spec, out, err, env, signals)
-  deadline = Deadline(spec.timeout or _DEFAULT_JOIN_SECONDS)
+  deadline = Deadline(_join_seconds(spec))
   if not spec.secret:
     err.write(f"jdtensor launch: warning: the nodes' handshake is not "
               f"authenticated: {_env.JDTENSOR_RUN_SECRET} is not set; any process "

@@ -17,7 +17,7 @@ from jdtensor.runtime.links import Links
 
 __all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "run_id",
            "jobs_digest", "PROTOCOL", "STAGE_SECONDS", "CLIENT_STAGE_SECONDS",
-           "WAITING_SECONDS", "POLL_SECONDS", "retry_delays", "NONCE_RE", "RUN_RE",
+           "WAITING_SECONDS", "START_EVERY_CLIENT", "POLL_SECONDS", "retry_delays", "NONCE_RE", "RUN_RE",
            "send"]
 
 # 3: the heartbeat beats on the links; ``go`` carries no private service port.
@@ -32,6 +32,11 @@ STAGE_SECONDS = 2.0
 # gone or stopped, never for a late client (that wait has the init timeout).
 CLIENT_STAGE_SECONDS = 10.0
 WAITING_SECONDS = 2.0
+# What a client that is waited for in vain is told to do (client 0 and the
+# others say it alike).
+START_EVERY_CLIENT = ("Start every client with the same DTENSOR_JOBS and its own "
+                      "DTENSOR_CLIENT_ID, or raise the init timeout "
+                      "(JDTENSOR_INIT_TIMEOUT).")
 POLL_SECONDS = 0.05
 # A client that finds client 0 not yet listening tries again soon
 # (`retry_delays`): clients started together reach the rendezvous tens of

@@ -22,8 +22,9 @@ from jdtensor._wire import (MAX_FRAME, Frames, format_host_port, handshake_proof
                             socket_host)
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.runtime.handshake import (NONCE_RE, PROTOCOL, RUN_RE, STAGE_SECONDS,
-                                        WAITING_SECONDS, Hello, Meeting, PeerHello,
-                                        jobs_digest, run_id, send)
+                                        START_EVERY_CLIENT, WAITING_SECONDS, Hello,
+                                        Meeting, PeerHello, jobs_digest, run_id,
+                                        send)
 from jdtensor.runtime.links import Links
 
 __all__ = ["serve"]
@@ -230,9 +231,7 @@ class _Server:
             f"Client 0 waited {timeout:g} s (the init timeout) at the "
             f"coordinator DTENSOR_JOBS[0]={self.coordinator!r} for client(s) "
             f"{', '.join(map(str, self._missing()))}, which never connected. "
-            "Start every client with the same DTENSOR_JOBS and its own "
-            "DTENSOR_CLIENT_ID, or raise the init timeout "
-            "(JDTENSOR_INIT_TIMEOUT).")
+            + START_EVERY_CLIENT)
         for conn in list(self.peers.values()):  # They would wait on in vain.
           send(conn.sock, {"error": message, "timeout": True})
         raise StartupTimeoutError(message)

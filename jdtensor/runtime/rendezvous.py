@@ -53,7 +53,8 @@ from jdtensor._deadline import Deadline
 from jdtensor._wire import MAX_FRAME, Frames, handshake_proof, socket_host, split_host_port
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, NONCE_RE, POLL_SECONDS,
-                                        PROTOCOL, STAGE_SECONDS, Hello, Meeting,
+                                        PROTOCOL, STAGE_SECONDS, START_EVERY_CLIENT,
+                                        Hello, Meeting,
                                         bind_address, jobs_digest, retry_delays,
                                         run_id, send)
 from jdtensor.runtime.links import Links
@@ -92,7 +93,6 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
   mine = run_id(secret)
   frames, pending = Frames(), []
   where = f"DTENSOR_JOBS[0]={coordinator!r}"
-
   waiting: list[int] = []  # Whom client 0 last said it waits for.
 
   def frame() -> dict[str, Any]:
@@ -105,8 +105,7 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
             f"did not complete within {timeout:g} s (the init timeout)"
             + (f": client 0 was still waiting for client(s) "
                f"{', '.join(map(str, waiting))}" if waiting else "")
-            + ". Start every client with the same DTENSOR_JOBS and its own "
-            "DTENSOR_CLIENT_ID, or raise the init timeout (JDTENSOR_INIT_TIMEOUT).")
+            + ". " + START_EVERY_CLIENT)
       raise StartupError(
           f"Client {me.client_id}: the process at {where} closed the connection "
           "or fell silent during start-up; it is not a jdtensor client 0 of "
@@ -151,8 +150,9 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
   send(sock, me.to_frame())
   reply = frame()
   while isinstance(reply.get("waiting"), list):  # Others are still to come.
-    if reply["waiting"] != waiting:
-      waiting[:] = [c for c in reply["waiting"] if isinstance(c, int)]
+    said = [c for c in reply["waiting"] if isinstance(c, int)]
+    if said != waiting:
+      waiting[:] = said
       logging.info("jdtensor client %d: client 0 is waiting for client(s) %s",
                    me.client_id, ", ".join(map(str, waiting)))
     reply = frame()

@@ -316,13 +316,12 @@ def test_a_client_0_that_falls_silent_before_go_is_still_given_up(short_stages,
                                                                   monkeypatch):
   monkeypatch.setattr(short_stages._Server, "_tell_waiting", lambda self: None)
   jobs = cluster(3)
-  port = jobs[0]
-  (t0, out0), (t1, out1) = start_client(jobs, 0, 3), start_client(jobs, 1, 10)
+  (t0, _), (t1, out1) = start_client(jobs, 0, 3), start_client(jobs, 1, 10)
   t1.join(5)
   assert isinstance(out1[0], StartupError), out1
   assert not isinstance(out1[0], StartupTimeoutError)
   assert str(out1[0]) == (
-      f"Client 1: the process at DTENSOR_JOBS[0]={port!r} closed the connection "
+      f"Client 1: the process at DTENSOR_JOBS[0]={jobs[0]!r} closed the connection "
       "or fell silent during start-up; it is not a jdtensor client 0 of this "
       "run, or it failed. Check client 0's output.")
   t0.join(5)
@@ -331,10 +330,10 @@ def test_a_client_0_that_falls_silent_before_go_is_still_given_up(short_stages,
 def test_every_waiting_client_hears_whom_client_0_timed_out_on(short_stages):
   del short_stages
   jobs = cluster(4)
-  (t0, out0), (t1, out1), (t2, out2) = (start_client(jobs, 0, 1.5),
+  (t0, out0), (t1, out1), (t3, out3) = (start_client(jobs, 0, 1.5),
                                         start_client(jobs, 1, 10),
                                         start_client(jobs, 3, 10))
-  for t in (t0, t1, t2):
+  for t in (t0, t1, t3):
     t.join(5)
   message = (f"Client 0 waited 1.5 s (the init timeout) at the coordinator "
              f"DTENSOR_JOBS[0]={jobs[0]!r} for client(s) 2, which never "
@@ -342,7 +341,7 @@ def test_every_waiting_client_hears_whom_client_0_timed_out_on(short_stages):
              "own DTENSOR_CLIENT_ID, or raise the init timeout "
              "(JDTENSOR_INIT_TIMEOUT).")
   assert isinstance(out0[0], StartupTimeoutError) and str(out0[0]) == message
-  for client, out in ((1, out1), (3, out2)):
+  for client, out in ((1, out1), (3, out3)):
     assert isinstance(out[0], StartupTimeoutError), out
     assert str(out[0]) == f"Client {client}: start-up refused by client 0: {message}"
 
@@ -352,7 +351,7 @@ def test_a_client_whose_own_init_timeout_ends_first_says_whom_client_0_awaits(
   del short_stages
   monkeypatch.setattr(rendezvous_mod, "CLIENT_STAGE_SECONDS", 5.0)
   jobs = cluster(3)
-  (t0, out0), (t1, out1) = start_client(jobs, 0, 3), start_client(jobs, 1, 1)
+  (t0, _), (t1, out1) = start_client(jobs, 0, 3), start_client(jobs, 1, 1)
   t1.join(5)
   assert isinstance(out1[0], StartupTimeoutError), out1
   assert str(out1[0]) == (
