@@ -37,7 +37,9 @@ idle main thread still reads as waiting.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
+import gc
 import inspect
 import linecache
 import os
@@ -45,7 +47,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 __all__ = ["RUNNING", "IN_JAX", "WAITING", "AT_EXIT", "MAIN_IDLE_SHARE",
@@ -61,6 +63,39 @@ _JAX_PACKAGES = ("jax", "jaxlib", "orbax.checkpoint")
 _JAX_MODULE_ROOTS = ("jax", "jaxlib", "orbax")
 _MISSING = object()
 _CALL_SITES_MAX = 4096
+# CPython 3.11 may collect garbage inside any allocation; 3.12 collects only
+# between bytecodes, where a frame object is never half made.
+_COLLECTS_IN_ALLOCATION = sys.version_info < (3, 12)
+# Before 3.13 (PEP 667) ``frame.f_locals`` is a copy the frame keeps.
+_SNAPSHOT_LOCALS = sys.version_info < (3, 13)
+
+
+@contextlib.contextmanager
+def reading_other_threads() -> Iterator[None]:
+  """Pauses automatic garbage collection while this thread reads another
+  thread's frames (CPython 3.11 only; elsewhere a no-op).
+
+  Reading another thread's stack makes frame objects for its frames
+  (``sys._current_frames()``, ``f_back``). On CPython 3.11 making one
+  allocates, an allocation may start a collection, and a finaliser it runs
+  may release the GIL (a JAX array's does). The other thread then returns
+  from that frame while its frame object is half made, and the frame object
+  is left pointing at freed stack memory: ``sys._current_frames()`` handed
+  back a str, or the process died of SIGSEGV (both seen under Keras 3's
+  ``fit``; reproduced in tests/unit/test_flight_gc_race.py). With collection
+  paused, making a frame object runs no other code, so the GIL stays with
+  this thread until the frame object is whole. The pause lasts a few
+  attribute reads (no file reads, no parsing inside it); a collection due
+  meanwhile runs at the next allocation after it.
+  """
+  if not _COLLECTS_IN_ALLOCATION or not gc.isenabled():
+    yield
+    return
+  gc.disable()
+  try:
+    yield
+  finally:
+    gc.enable()
 
 
 def spans_every_process(arrays: Iterable[Any], num_processes: int) -> bool:
@@ -130,18 +165,26 @@ def _call_site(code: Any, lasti: int, globals_: dict[str, Any]) -> ast.Call | No
   return node if isinstance(node, ast.Call) else None
 
 
-def _lookup(node: ast.expr, frame: Any) -> Any:
+def _local_names(code: Any) -> frozenset[str]:
+  return frozenset(code.co_varnames + code.co_cellvars + code.co_freevars)
+
+
+def _lookup(node: ast.expr, frame: Any, sites: _CallSites) -> Any:
   """The value of a name or attribute chain in `frame`, read without running
   code (no properties, no ``__getattr__``); `_MISSING` otherwise."""
   if isinstance(node, ast.Name):
-    scopes = (frame.f_locals, frame.f_globals, frame.f_builtins)
-    for scope in scopes:
+    code = frame.f_code
+    if code.co_flags & inspect.CO_OPTIMIZED and node.id in _local_names(code):
+      local = sites.locals_of(frame)
+      return _MISSING if local is None else local.get(node.id, _MISSING)
+    # A module's own names are its globals (a class body's, unread: rare).
+    for scope in (frame.f_globals, frame.f_builtins):
       value = scope.get(node.id, _MISSING)
       if value is not _MISSING:
         return value
     return _MISSING
   if isinstance(node, ast.Attribute):
-    owner = _lookup(node.value, frame)
+    owner = _lookup(node.value, frame, sites)
     if owner is _MISSING:
       return _MISSING
     try:
@@ -155,10 +198,12 @@ def _lookup(node: ast.expr, frame: Any) -> Any:
 
 class _CallSites:
   """The names and attribute chains of each call site's expression, by
-  (code, instruction): each source line is parsed once."""
+  (code, instruction): each source line is parsed once. Also reads a
+  frame's local variables, at most once a frame where that is unsafe."""
 
   def __init__(self) -> None:
     self._parsed: dict[tuple[Any, int], tuple[ast.expr, ...] | None] = {}
+    self._locals_read: set[int] = set()
 
   def get(self, frame: Any) -> tuple[ast.expr, ...] | None:
     key = (frame.f_code, frame.f_lasti)
@@ -171,6 +216,26 @@ class _CallSites:
           if isinstance(node, (ast.Name, ast.Attribute)))
     return self._parsed[key]
 
+  def locals_of(self, frame: Any) -> Any:
+    """`frame`'s local variables (``f_locals``); None when not read.
+
+    Before Python 3.13, ``f_locals`` copies the frame's variables into a
+    dict the frame keeps: copying again replaces the last copy's values, and
+    one whose last reference that was is freed inside the copy, where its
+    finaliser may let the other thread return from the frame being copied.
+    So a frame's variables are read once (the first copy only inserts); a
+    name needing a second read is not looked up, which can only make a wait
+    read as the program's own code (never a false verdict).
+    """
+    if _SNAPSHOT_LOCALS:
+      if id(frame) in self._locals_read:
+        return None
+      if len(self._locals_read) >= _CALL_SITES_MAX:
+        self._locals_read.clear()
+      self._locals_read.add(id(frame))
+    with reading_other_threads():
+      return frame.f_locals
+
 
 _SITES = _CallSites()
 
@@ -182,7 +247,7 @@ def calls_into_jax(frame: Any, sites: _CallSites = _SITES) -> bool:
   is JAX's."""
   names = sites.get(frame)
   for node in names or ():
-    value = _lookup(node, frame)
+    value = _lookup(node, frame, sites)
     if value is not _MISSING and _is_jax_object(value):
       return True
   return False
@@ -203,10 +268,11 @@ def inside_jax(frame: Any, jax_dirs: tuple[str, ...] | None = None,
   dirs = (jax_dirs if jax_dirs is not None else _package_dirs()) or ("\0",)
   innermost = frame
   try:
-    while frame is not None:
-      if frame.f_code.co_filename.startswith(dirs):
-        return True
-      frame = frame.f_back
+    with reading_other_threads():
+      while frame is not None:
+        if frame.f_code.co_filename.startswith(dirs):
+          return True
+        frame = frame.f_back
   except (AttributeError, TypeError):
     return None
   try:
@@ -217,7 +283,7 @@ def inside_jax(frame: Any, jax_dirs: tuple[str, ...] | None = None,
 
 def threads_inside_jax() -> list[str]:
   """Names of the live background threads (not jdtensor's) inside JAX now."""
-  frames = sys._current_frames()  # pylint: disable=protected-access
+  frames = current_frames()
   main = threading.main_thread()
   # A thread whose stack cannot be read now (None) counts as not inside JAX.
   return [t.name for t in threading.enumerate()
@@ -225,22 +291,41 @@ def threads_inside_jax() -> list[str]:
           and inside_jax(frames.get(t.ident)) is True]
 
 
+def current_frames() -> dict[int, Any]:
+  """``sys._current_frames()``, made safely (see `reading_other_threads`)."""
+  with reading_other_threads():
+    return sys._current_frames()  # pylint: disable=protected-access
+
+
+def _extract(frame: Any) -> traceback.StackSummary:
+  """`frame`'s stack, outermost first (``traceback.extract_stack``): the
+  frames are walked with collection paused, their source read after."""
+  walked = []
+  with reading_other_threads():
+    while frame is not None:
+      walked.append((frame, frame.f_lineno))
+      frame = frame.f_back
+  summary = traceback.StackSummary.extract(iter(walked))
+  summary.reverse()
+  return summary
+
+
 def stack_top(frame: Any, depth: int = 3) -> str:
   """The innermost `depth` frames: ``data.py:88 next_batch <- train.py:40 main``."""
-  entries = traceback.extract_stack(frame)[-depth:]
+  entries = _extract(frame)[-depth:] if frame is not None else []
   return " <- ".join(f"{os.path.basename(e.filename)}:{e.lineno} {e.name}"
                      for e in reversed(entries)) or "(no Python frame)"
 
 
 def format_stacks(frames: dict[int, Any] | None = None) -> str:
   """Every thread's Python stack, the main thread first."""
-  frames = sys._current_frames() if frames is None else frames  # pylint: disable=protected-access
+  frames = current_frames() if frames is None else frames
   names = {t.ident: t.name for t in threading.enumerate()}
   main = threading.main_thread().ident
   out = []
   for ident in sorted(frames, key=lambda i: (i != main, names.get(i, ""))):
     try:
-      stack = "".join(traceback.format_stack(frames[ident])).rstrip()
+      stack = "".join(_extract(frames[ident]).format()).rstrip()
     except (AttributeError, TypeError):  # Torn down under us (see inside_jax).
       stack = "  (its stack could not be read)"
     out.append(f"Thread {names.get(ident, ident)!r} (most recent call last):\n" + stack)
@@ -345,4 +430,4 @@ class MainThreadRecorder:
 
 
 def _main_frame() -> Any:
-  return sys._current_frames().get(threading.main_thread().ident)  # pylint: disable=protected-access
+  return current_frames().get(threading.main_thread().ident)
