@@ -37,6 +37,7 @@ idle main thread still reads as waiting.
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import functools
 import gc
@@ -68,6 +69,7 @@ _CALL_SITES_MAX = 4096
 _COLLECTS_IN_ALLOCATION = sys.version_info < (3, 12)
 # Before 3.13 (PEP 667) ``frame.f_locals`` is a copy the frame keeps.
 _SNAPSHOT_LOCALS = sys.version_info < (3, 13)
+_HELD_FRAMES = 2  # Typically the loop's frame and the step's.
 
 
 @contextlib.contextmanager
@@ -199,11 +201,15 @@ def _lookup(node: ast.expr, frame: Any, sites: _CallSites) -> Any:
 class _CallSites:
   """The names and attribute chains of each call site's expression, by
   (code, instruction): each source line is parsed once. Also reads a
-  frame's local variables, at most once a frame where that is unsafe."""
+  frame's local variables (see `locals_of`)."""
 
   def __init__(self) -> None:
     self._parsed: dict[tuple[Any, int], tuple[ast.expr, ...] | None] = {}
     self._locals_read: set[int] = set()
+    self._held: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
+    # The last decision of `calls_into_jax`: a main thread blocked in one
+    # call for many beats is looked at once.
+    self.decided: tuple[tuple[int, Any, int], bool] | None = None
 
   def get(self, frame: Any) -> tuple[ast.expr, ...] | None:
     key = (frame.f_code, frame.f_lasti)
@@ -219,22 +225,35 @@ class _CallSites:
   def locals_of(self, frame: Any) -> Any:
     """`frame`'s local variables (``f_locals``); None when not read.
 
-    Before Python 3.13, ``f_locals`` copies the frame's variables into a
-    dict the frame keeps: copying again replaces the last copy's values, and
-    one whose last reference that was is freed inside the copy, where its
-    finaliser may let the other thread return from the frame being copied.
-    So a frame's variables are read once (the first copy only inserts); a
-    name needing a second read is not looked up, which can only make a wait
-    read as the program's own code (never a false verdict).
+    Before Python 3.13 ``f_locals`` copies the frame's variables into a dict
+    the frame keeps, replacing the last copy's values; a value whose last
+    reference that copy held is freed inside CPython's copying, and a JAX
+    array's finaliser releases the GIL there (measured: 8 of 332 reads), so
+    the main thread may return from the frame being copied. A first copy
+    only inserts; a later one is made while this reader still holds the
+    values of the one before (the last `_HELD_FRAMES` frames read), so
+    nothing is freed inside it. A frame read before whose values are no
+    longer held is not read again: its names are not looked up, which can
+    only make a wait read as the program's own code (never a false verdict).
     """
-    if _SNAPSHOT_LOCALS:
-      if id(frame) in self._locals_read:
-        return None
-      if len(self._locals_read) >= _CALL_SITES_MAX:
-        self._locals_read.clear()
-      self._locals_read.add(id(frame))
+    if not _SNAPSHOT_LOCALS:
+      with reading_other_threads():
+        return frame.f_locals
+    key = id(frame)
+    if key in self._locals_read and key not in self._held:
+      return None
     with reading_other_threads():
-      return frame.f_locals
+      local = frame.f_locals
+      values = list(local.values())
+    if len(self._locals_read) >= _CALL_SITES_MAX:
+      self._locals_read = set(self._held)
+    self._locals_read.add(key)
+    # The values held before are let go here, outside CPython's copying.
+    self._held[key] = values
+    self._held.move_to_end(key)
+    while len(self._held) > _HELD_FRAMES:
+      self._held.popitem(last=False)
+    return local
 
 
 _SITES = _CallSites()
@@ -245,12 +264,18 @@ def calls_into_jax(frame: Any, sites: _CallSites = _SITES) -> bool:
   some name in the call expression (the callee, the object whose method it
   is, an argument, or part of one: ``np.asarray(f(x).addressable_data(0))``)
   is JAX's."""
+  key = (id(frame), frame.f_code, frame.f_lasti)
+  if sites.decided is not None and sites.decided[0] == key:
+    return sites.decided[1]
   names = sites.get(frame)
+  found = False
   for node in names or ():
     value = _lookup(node, frame, sites)
     if value is not _MISSING and _is_jax_object(value):
-      return True
-  return False
+      found = True
+      break
+  sites.decided = (key, found)
+  return found
 
 
 def inside_jax(frame: Any, jax_dirs: tuple[str, ...] | None = None,

@@ -9,9 +9,12 @@ SIGSEGV within 40 reads of the main thread's frame (2 runs of 2, 1 of 3 with
 10 reads; same for ``stack_top``).
 """
 
+import contextlib
 import gc
 import os
 import sys
+import threading
+import time
 
 import pytest
 
@@ -52,3 +55,90 @@ def test_a_program_that_turned_collection_off_keeps_it_off():
     assert not gc.isenabled()
   finally:
     gc.enable()
+
+
+class _Blocked:
+  """A thread stopped inside `body` (a function with local ``a``), with its
+  frame; `advance()` lets it rebind ``a`` and stop again."""
+
+  def __init__(self, make):
+    self.go, self.stopped, self.make = threading.Event(), threading.Event(), make
+    self.thread = threading.Thread(target=self.body, daemon=True)
+    self.thread.start()
+    assert self.stopped.wait(5)
+    frame = sys._current_frames()[self.thread.ident]  # pylint: disable=protected-access
+    while frame.f_code.co_name != "body":
+      frame = frame.f_back
+    self.frame = frame
+
+  def body(self):
+    a = self.make()  # noqa: F841  Read from the other thread.
+    for _ in range(2):
+      self.stopped.set()
+      self.go.wait(5)
+      self.go.clear()
+      self.stopped.clear()
+      a = self.make()  # noqa: F841
+    self.stopped.set()
+
+  def advance(self):
+    self.go.set()
+    time.sleep(0.05)
+    assert self.stopped.wait(5)
+
+  def end(self):
+    self.go.set()
+    self.thread.join(5)
+
+
+def test_a_frame_s_locals_are_read_again_without_freeing_a_value_inside_the_copy(
+    monkeypatch):
+  # Before 3.13 f_locals copies into a dict the frame keeps; a value only
+  # that dict held is freed when it is copied again: inside CPython's copy,
+  # where a JAX array's finaliser releases the GIL.
+  copying = [False]
+  freed_while_copying = []
+
+  @contextlib.contextmanager
+  def marked():
+    copying[0] = True
+    try:
+      yield
+    finally:
+      copying[0] = False
+  monkeypatch.setattr(flight, "reading_other_threads", marked)
+
+  class Value:
+    def __del__(self):
+      freed_while_copying.append(copying[0])
+
+  blocked = _Blocked(Value)
+  sites = flight._CallSites()  # pylint: disable=protected-access
+  try:
+    first = sites.locals_of(blocked.frame)
+    assert isinstance(first["a"], Value)
+    del first
+    blocked.advance()  # The frame's `a` is a new Value; the old one is only in the copy.
+    again = sites.locals_of(blocked.frame)
+    assert again is not None and isinstance(again["a"], Value)
+    del again
+    assert freed_while_copying == [False], freed_while_copying  # Freed after the copy.
+  finally:
+    blocked.end()
+
+
+def test_a_frame_whose_values_are_no_longer_held_is_not_read_again():
+  frames = [_Blocked(object) for _ in range(4)]
+  sites = flight._CallSites()  # pylint: disable=protected-access
+  try:
+    for blocked in frames:
+      assert sites.locals_of(blocked.frame) is not None
+    # Only the last two frames' values are held (3.13's f_locals is no copy).
+    for blocked in frames[:2]:
+      local = sites.locals_of(blocked.frame)
+      assert (local is None) == (sys.version_info < (3, 13))
+    for blocked in frames[2:]:
+      assert sites.locals_of(blocked.frame) is not None
+  finally:
+    for blocked in frames:
+      blocked.end()
