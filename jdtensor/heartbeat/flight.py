@@ -70,6 +70,8 @@ _COLLECTS_IN_ALLOCATION = sys.version_info < (3, 12)
 # Before 3.13 (PEP 667) ``frame.f_locals`` is a copy the frame keeps.
 _SNAPSHOT_LOCALS = sys.version_info < (3, 13)
 _HELD_FRAMES = 2  # Typically the loop's frame and the step's.
+# Names whose call copies the calling frame's variables (before 3.13).
+_COPIES_ITS_LOCALS = frozenset({"locals", "vars", "dir", "eval", "exec"})
 
 
 @contextlib.contextmanager
@@ -233,8 +235,10 @@ class _CallSites:
     only inserts; a later one is made while this reader still holds the
     values of the one before (the last `_HELD_FRAMES` frames read), so
     nothing is freed inside it. A frame read before whose values are no
-    longer held is not read again: its names are not looked up, which can
-    only make a wait read as the program's own code (never a false verdict).
+    longer held is not read again, nor is one whose code may copy its own
+    variables (``locals()``, ``vars()``, ``dir()``, ``eval``, ``exec``):
+    its names are not looked up, which can only make a wait read as the
+    program's own code (never a false verdict).
     """
     if not _SNAPSHOT_LOCALS:
       with reading_other_threads():
@@ -242,6 +246,8 @@ class _CallSites:
     key = id(frame)
     if key in self._locals_read and key not in self._held:
       return None
+    if not _COPIES_ITS_LOCALS.isdisjoint(frame.f_code.co_names):
+      return None  # Its own copy may hold values this reader does not.
     with reading_other_threads():
       local = frame.f_locals
       values = list(local.values())

@@ -59,10 +59,11 @@ def test_a_program_that_turned_collection_off_keeps_it_off():
 
 class _Blocked:
   """A thread stopped inside `body` (a function with local ``a``), with its
-  frame; `advance()` lets it rebind ``a`` and stop again."""
+  frame; `advance()` lets it rebind ``a`` and stop again, `end()` ends it."""
 
   def __init__(self, make):
     self.go, self.stopped, self.make = threading.Event(), threading.Event(), make
+    self.ending = False
     self.thread = threading.Thread(target=self.body, daemon=True)
     self.thread.start()
     assert self.stopped.wait(5)
@@ -73,13 +74,14 @@ class _Blocked:
 
   def body(self):
     a = self.make()  # noqa: F841  Read from the other thread.
-    for _ in range(2):
+    while True:
       self.stopped.set()
       self.go.wait(5)
+      if self.ending:
+        return
       self.go.clear()
       self.stopped.clear()
       a = self.make()  # noqa: F841
-    self.stopped.set()
 
   def advance(self):
     self.go.set()
@@ -87,8 +89,10 @@ class _Blocked:
     assert self.stopped.wait(5)
 
   def end(self):
+    self.ending = True
     self.go.set()
     self.thread.join(5)
+    assert not self.thread.is_alive()
 
 
 def test_a_frame_s_locals_are_read_again_without_freeing_a_value_inside_the_copy(
@@ -142,3 +146,25 @@ def test_a_frame_whose_values_are_no_longer_held_is_not_read_again():
   finally:
     for blocked in frames:
       blocked.end()
+
+
+def test_a_frame_that_copies_its_own_locals_is_not_read():
+  # Its own copy (locals()) may hold values this reader does not hold.
+  blocked = _Blocked(object)
+  sites = flight._CallSites()  # pylint: disable=protected-access
+  try:
+    assert sites.locals_of(blocked.frame) is not None
+  finally:
+    blocked.end()
+
+  class CopiesItsLocals(_Blocked):
+    def body(self):
+      a = locals()  # noqa: F841
+      self.stopped.set()
+      self.go.wait(5)
+  copying = CopiesItsLocals(object)
+  try:
+    local = sites.locals_of(copying.frame)
+    assert (local is None) == (sys.version_info < (3, 13))
+  finally:
+    copying.end()
