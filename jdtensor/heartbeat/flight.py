@@ -261,6 +261,24 @@ class _CallSites:
       self._held.popitem(last=False)
     return local
 
+  def let_go(self, innermost: Any) -> None:
+    """Lets go of the values held for frames no longer on the stack whose
+    innermost frame is `innermost` (None: every one): a function's values
+    are not kept alive after it returns (``jax.live_arrays()`` would show
+    them)."""
+    if not self._held:
+      return
+    on_stack = set()
+    try:
+      with reading_other_threads():
+        while innermost is not None:
+          on_stack.add(id(innermost))
+          innermost = innermost.f_back
+    except (AttributeError, TypeError):  # Torn down under us (see inside_jax).
+      pass
+    for key in [key for key in self._held if key not in on_stack]:
+      del self._held[key]
+
 
 _SITES = _CallSites()
 
@@ -317,9 +335,10 @@ def threads_inside_jax() -> list[str]:
   frames = current_frames()
   main = threading.main_thread()
   # A thread whose stack cannot be read now (None) counts as not inside JAX.
+  sites = _CallSites()  # Holds nothing past this call.
   return [t.name for t in threading.enumerate()
           if t is not main and not t.name.startswith("jdtensor") and t.is_alive()
-          and inside_jax(frames.get(t.ident)) is True]
+          and inside_jax(frames.get(t.ident), sites=sites) is True]
 
 
 def current_frames() -> dict[int, Any]:
@@ -431,6 +450,7 @@ class MainThreadRecorder:
     main_idle = self._main_idle(now, process_idle)
     frame = self._main_frame()
     inside = None if self.at_exit else self.in_jax(frame)
+    self._sites.let_go(None if self.at_exit else frame)
     if self.at_exit:
       # Whatever its background threads still hold: its script is done.
       phase = AT_EXIT

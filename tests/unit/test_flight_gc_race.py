@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -168,3 +169,22 @@ def test_a_frame_that_copies_its_own_locals_is_not_read():
     assert (local is None) == (sys.version_info < (3, 13))
   finally:
     copying.end()
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="3.13's f_locals is no copy")
+def test_a_function_s_values_are_let_go_once_it_has_returned():
+  # Else a program checking jax.live_arrays() after a step would see them.
+  class Value:
+    pass
+  blocked = _Blocked(Value)
+  sites = flight._CallSites()  # pylint: disable=protected-access
+  value = weakref.ref(sites.locals_of(blocked.frame)["a"])
+  sites.let_go(blocked.frame)  # Still on its thread's stack: held.
+  assert value() is not None
+  blocked.frame = None
+  blocked.end()  # The function returns.
+  gc.collect()
+  assert value() is not None  # Held by the reader alone.
+  sites.let_go(None)
+  gc.collect()
+  assert value() is None
