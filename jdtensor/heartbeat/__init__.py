@@ -62,8 +62,7 @@ from jdtensor import _logging as logging
 from jdtensor.errors import NotInitializedError, PeerFailureError
 from jdtensor.heartbeat.departure import Departure, ExitGuard
 from jdtensor.heartbeat.exchange import LinkExchange
-from jdtensor.heartbeat.flight import (AT_EXIT, MainThreadRecorder, format_stacks,
-                                       threads_inside_jax)
+from jdtensor.heartbeat.flight import AT_EXIT, MainThreadRecorder, format_stacks
 from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.protocol import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, HOST_EXIT_WAIT,
                                          OWN_FAILURE_EXIT_CODE, POLICIES, ROLL_CALL_GRACE,
@@ -365,7 +364,7 @@ def install_exit_guard() -> None:
       if links is not None:
         links.notice(text)
     _guard = ExitGuard(leave, jax_private.detach_from_jax_shutdown, thread_died,
-                       blame_peer, threads_inside_jax)
+                       blame_peer)
     _guard.install()
     _install_stack_dump_signal()
 

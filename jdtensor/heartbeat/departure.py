@@ -26,9 +26,10 @@ An exception that ends a background thread (``threading.excepthook``) does
 not end the client (Python's rule), so it is only announced as a notice; if
 the client then stalls, the stall report shows it.
 
-Unless every client ends together, the process ends with ``os._exit`` after
-the remaining exit handlers have run (see `ExitGuard.run`), with the
-client's own exit code.
+Unless every client ends together with no background thread left, the
+process ends with ``os._exit`` after the remaining exit handlers have run and
+its open files are flushed (see `ExitGuard.run`), with the client's own exit
+code.
 
 Limits: ``raise SystemExit(n)`` written directly, without ``sys.exit``, is
 seen as code 0; ``os._exit`` and signals run no exit handler (the liveness
@@ -38,6 +39,8 @@ links see the process end).
 from __future__ import annotations
 
 import atexit
+import gc
+import io
 import os
 import sys
 import threading
@@ -46,8 +49,8 @@ from typing import Any, NamedTuple
 
 from jdtensor import _jaxlib_texts
 
-__all__ = ["Departure", "ExitGuard", "describe_exception", "lost_a_peer",
-           "never_joined"]
+__all__ = ["Departure", "ExitGuard", "background_threads", "describe_exception",
+           "flush_open_files", "lost_a_peer", "never_joined"]
 
 class Departure(NamedTuple):
   """How this client is leaving.
@@ -101,6 +104,34 @@ def never_joined(error: BaseException) -> float | None:
   return float(match.group(1)) if match.group(1) else 30.0
 
 
+def background_threads() -> list[str]:
+  """Names of the live threads other than the main one and jdtensor's own
+  (at exit: the daemon threads Python's finalisation would stop abruptly)."""
+  me = threading.current_thread()
+  return [t.name for t in threading.enumerate()
+          if t is not threading.main_thread() and t is not me and t.is_alive()
+          and not t.name.startswith("jdtensor")]
+
+
+def flush_open_files() -> None:
+  """Flushes every open file object written to, ``sys.stdout`` and
+  ``sys.stderr`` first: ``os._exit`` ends the process without Python's
+  finalisation, which would flush a file the program never closed as it
+  closes it (its last lines would be lost)."""
+  def flush(stream: Any) -> None:
+    try:
+      if not stream.closed and stream.writable():
+        stream.flush()
+    except Exception:  # pylint: disable=broad-except
+      pass  # Detached, a broken pipe, a full disk: nothing more can be done.
+  for stream in (sys.stdout, sys.stderr):
+    flush(stream)
+  for obj in gc.get_objects():
+    # By type: an instance's own ``__class__`` could run code.
+    if issubclass(type(obj), io.IOBase):
+      flush(obj)
+
+
 def _status_code(status: Any) -> int:
   """The process exit code `sys.exit(status)` gives, by Python's rules: None
   is 0, an int (a bool too: ``sys.exit(False)``, as ``absltest.main()`` ends,
@@ -127,20 +158,25 @@ class ExitGuard:
     blame_peer: Called, before `on_leave`, with every failure; returns the
       departure to leave with (a consequence when another client was named
       in time: the one that went away, for a failure flagged ``peer_lost``).
-    busy_threads: Returns the names of background threads (not jdtensor's)
-      still inside JAX at exit; when there are any, the process ends with
-      ``os._exit`` after the exit handlers (Python's finalisation would
-      abort it: such a thread returning from C++ finds the interpreter gone,
-      "FATAL: exception not rethrown").
+    threads_at_exit: Returns the names of the background threads (not
+      jdtensor's) still alive at exit; `background_threads` by default.
+      When there are any, the process ends with ``os._exit`` after the exit
+      handlers, its open files flushed: Python's finalisation would stop
+      them abruptly, and one that then returns from a call into C++ code
+      (JAX's, on a psum loop) aborts the whole process ("FATAL: exception
+      not rethrown"). Whether a thread is inside such a call at that moment
+      cannot be known beforehand: a thread seen in Python code may enter
+      JAX the next instant (a psum loop was seen outside JAX in 1 of 200
+      looks, and then aborted the process every time).
   """
 
   def __init__(self, on_leave: Callable[[Departure], bool],
                detach_jax: Callable[[], None],
                on_thread_exception: Callable[[str], None] | None = None,
                blame_peer: Callable[[Departure], Departure] | None = None,
-               busy_threads: Callable[[], list[str]] | None = None):
+               threads_at_exit: Callable[[], list[str]] = background_threads):
     self._on_leave = on_leave
-    self._busy_threads = busy_threads or (lambda: [])
+    self._threads_at_exit = threads_at_exit
     self._pid = os.getpid()
     # Exit handlers registered after ours: Python has run them by the time
     # ours runs, so `_exit_now` must not run them again.
@@ -220,7 +256,8 @@ class ExitGuard:
   def run(self) -> None:
     """The exit handler: announce, then agree or detach.
 
-    After a clean end Python exits as usual. Otherwise this client detaches
+    After a clean end Python exits as usual, unless a background thread is
+    still alive (see `threads_at_exit`). Otherwise this client detaches
     from JAX's shutdown barrier, runs the remaining exit handlers itself, and
     ends the process with its exit code: Python's own finalisation would wake
     threads still blocked in C++ collectives with the departed clients, and
@@ -243,7 +280,7 @@ class ExitGuard:
       if not clean:
         self._detach_jax()
         self._exit_now(self.departure.code)
-      elif self._busy_threads():
+      elif self._threads_at_exit():
         self._exit_now(self.departure.code)
 
   def _exit_now(self, code: int) -> None:
@@ -254,9 +291,5 @@ class ExitGuard:
         self._real_unregister(func)
       atexit._run_exitfuncs()  # pylint: disable=protected-access
     finally:
-      for stream in (sys.stdout, sys.stderr):
-        try:
-          stream.flush()
-        except (OSError, ValueError, AttributeError):
-          pass
+      flush_open_files()
       os._exit(code)

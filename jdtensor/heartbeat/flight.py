@@ -53,7 +53,7 @@ from typing import Any
 
 __all__ = ["RUNNING", "IN_JAX", "WAITING", "AT_EXIT", "MAIN_IDLE_SHARE",
            "MainThreadRecorder", "spans_every_process", "calls_into_jax",
-           "inside_jax", "threads_inside_jax",
+           "inside_jax",
            "stack_top", "format_stacks"]
 
 RUNNING, IN_JAX, WAITING, AT_EXIT = 1, 2, 3, 4
@@ -328,17 +328,6 @@ def inside_jax(frame: Any, jax_dirs: tuple[str, ...] | None = None,
     return calls_into_jax(innermost, sites)
   except Exception:  # pylint: disable=broad-except
     return False  # A frame we cannot read is the program's own code.
-
-
-def threads_inside_jax() -> list[str]:
-  """Names of the live background threads (not jdtensor's) inside JAX now."""
-  frames = current_frames()
-  main = threading.main_thread()
-  # A thread whose stack cannot be read now (None) counts as not inside JAX.
-  sites = _CallSites()  # Holds nothing past this call.
-  return [t.name for t in threading.enumerate()
-          if t is not main and not t.name.startswith("jdtensor") and t.is_alive()
-          and inside_jax(frames.get(t.ident), sites=sites) is True]
 
 
 def current_frames() -> dict[int, Any]:

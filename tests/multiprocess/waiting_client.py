@@ -20,7 +20,8 @@ misbehaves and prints ``MISBEHAVING <unix time>`` first:
 * late_end: works LATE s after its last step (a long final save);
 * busy: a long computation on its own devices (JAX, not a collective), one
   XLA call of at least BUSY_SECONDS s;
-* daemon: every client leaves a daemon thread issuing psums at its end;
+* daemon: every client leaves a daemon thread issuing psums at its end
+  (PYTHON_MS: milliseconds of Python-only work before each);
 * fork: forks a child that ends with ``sys.exit(0)``;
 * atexit_raise: every client registers an exit handler (it prints
   ``HANDLER RAN``), and client BAD raises.
@@ -126,8 +127,13 @@ if scen == "late_end" and k == bad:
   announce()
   time.sleep(late)  # A long final save.
 if scen == "daemon":
+  python_ms = float(os.environ.get("PYTHON_MS", "0"))
+
   def forever():
     while True:
+      until = time.perf_counter() + python_ms / 1e3
+      while time.perf_counter() < until:
+        pass  # Python-only work between steps (metrics, logging).
       one_step()
   threading.Thread(target=forever, daemon=True).start()
   time.sleep(0.3)

@@ -6,7 +6,7 @@ a frame whose frame object is half made (test_flight_gc_race.py). Prints
 ``bad=N reads=M``.
 
 TARGET picks the reader: main_frame, inside_jax, stack_top, format_stacks,
-threads_inside_jax, calls_into_jax.
+calls_into_jax.
 """
 import gc
 import os
@@ -49,8 +49,6 @@ def read():
     return "gc_race_client.py" in flight.stack_top(frame, depth=50)
   if TARGET == "format_stacks":
     return "gc_race_client.py" in flight.format_stacks()
-  if TARGET == "threads_inside_jax":
-    return flight.threads_inside_jax() == []
   raise SystemExit(f"unknown TARGET {TARGET!r}")
 
 

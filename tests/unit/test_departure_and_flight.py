@@ -1,5 +1,5 @@
 """How a client leaves (exit hooks) and what its main thread is doing (the
-flight recorder), with fakes: no JAX, no process exit."""
+flight recorder), with fakes: no JAX; one subprocess ends with os._exit."""
 
 import re
 import sys
@@ -10,6 +10,7 @@ import pytest
 
 from jdtensor.heartbeat import departure as departure_mod
 from jdtensor.heartbeat import flight
+from tests.helpers import run_python
 
 
 @pytest.fixture
@@ -373,12 +374,56 @@ def test_exit_handlers_registered_after_the_guard_are_not_run_twice(monkeypatch)
     real_unregister(later)
 
 
-def test_a_background_thread_inside_jax_is_seen_at_exit():
-  frame, thread = frame_of(in_jitted_call)
+def test_the_background_threads_at_exit_are_the_live_ones_not_jdtensor_s():
+  """Whatever they are doing now: one seen in Python may enter JAX's C++
+  code the next instant (a psum loop), and Python's finalisation then aborts
+  the process when it returns."""
+  release = threading.Event()
+  threads = [threading.Thread(target=release.wait, args=(10,), name=name, daemon=True)
+             for name in ("metrics-sync", "jdtensor-own")]
+  for t in threads:
+    t.start()
   try:
-    assert thread.name in flight.threads_inside_jax()
+    found = departure_mod.background_threads()
+    assert "metrics-sync" in found and "jdtensor-own" not in found
+    assert threading.current_thread().name not in found
   finally:
-    thread.join(5)
+    release.set()
+    for t in threads:
+      t.join(5)
+  assert "metrics-sync" not in departure_mod.background_threads()
+
+
+@pytest.mark.parametrize("threads, exits", [(["metrics-sync"], [0]), ([], [])])
+def test_a_clean_end_with_a_live_background_thread_skips_python_s_finalisation(
+    monkeypatch, threads, exits):
+  g = departure_mod.ExitGuard(lambda d: True, lambda: pytest.fail("detached"),
+                              threads_at_exit=lambda: threads)
+  ended = []
+  monkeypatch.setattr(g, "_exit_now", ended.append)
+  g.run()
+  assert ended == exits and g.departure == departure_mod.Departure(0, "exited (code 0)", False)
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_a_file_never_closed_keeps_its_last_lines_when_the_process_skips_finalisation(
+    tmp_path, flush):
+  """os._exit loses what Python's finalisation would flush on closing a file
+  the program never closed; `flush_open_files` writes it first (the control
+  case without it shows the loss is real)."""
+  path = tmp_path / "log.txt"
+  res = run_python(f"""
+      import os
+      from jdtensor.heartbeat import departure
+      text = open({str(path)!r}, "w")
+      text.write("last line\\n")
+      reading = open({str(path)!r})  # Open for reading: left alone.
+      if {flush}:
+        departure.flush_open_files()
+      os._exit(0)
+      """, timeout=60)
+  assert res.returncode == 0, res.stderr
+  assert path.read_text() == ("last line\n" if flush else "")
 
 
 class _EndingHeartbeat:
