@@ -9,6 +9,27 @@ Tests that need a different or fresh backend run in subprocesses
 (tests/helpers.py).
 """
 
+import atexit
 import os
 
+import pytest
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_SUITE_PID = os.getpid()
+
+
+@pytest.fixture(autouse=True)
+def _the_suite_never_ends_half_way(monkeypatch):
+  """A test that reaches an exit path in this process (the exit handlers,
+  ``os._exit``: a client's way out, tested with fakes) fails instead of
+  ending the whole run there. Once a clean-end test reached jdtensor's real
+  ``os._exit(0)``: the run stopped after half its tests, with code 0."""
+  real_exit = os._exit
+
+  def refuse(*args, **kwargs):
+    if os.getpid() != _SUITE_PID:
+      real_exit(*args, **kwargs)  # A forked child ends as it meant to.
+    raise AssertionError("a test reached os._exit or the exit handlers in the "
+                         "pytest process; replace them in the test")
+  monkeypatch.setattr(os, "_exit", refuse)
+  monkeypatch.setattr(atexit, "_run_exitfuncs", refuse)

@@ -84,7 +84,8 @@ def test_a_dying_thread_is_a_notice_not_a_departure(guard):
 def test_run_leaves_once_and_detaches_only_when_unclean(monkeypatch):
   monkeypatch.delattr(sys, "last_value", raising=False)
   detached, exits = [], []
-  clean = departure_mod.ExitGuard(lambda d: True, lambda: detached.append(1))
+  clean = departure_mod.ExitGuard(lambda d: True, lambda: detached.append(1),
+                                  threads_at_exit=lambda: [])
   clean.run()
   clean.run()
   assert detached == []
@@ -317,7 +318,8 @@ def test_a_lost_peer_failure_asks_whom_to_blame_before_leaving(monkeypatch):
   monkeypatch.setattr(sys, "last_value", None, raising=False)
   left.clear()
   g3 = departure_mod.ExitGuard(lambda d: left.append(d) or True, lambda: None,
-                            blame_peer=lambda d: pytest.fail("asked"))
+                            blame_peer=lambda d: pytest.fail("asked"),
+                            threads_at_exit=lambda: [])
   g3.run()
   assert left == [departure_mod.Departure(0, "exited (code 0)", False)]
 
