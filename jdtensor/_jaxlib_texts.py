@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["GLOO_NOTICE_MARKERS", "GLOO_NOTICE_FRAGMENTS", "GLOO_NOTICE_LEFTOVER",
-           "GLOO_PEER_LOST", "GLOO_NEVER_JOINED", "GLOO_KEY_PREFIX",
+           "GLOO_NOTICE_LABELS", "GLOO_NOTICE_PIECES", "GLOO_PEER_LOST", "GLOO_NEVER_JOINED", "GLOO_KEY_PREFIX",
            "BARRIER_DEADLINE_EXCEEDED", "PROBES"]
 
 # The patterns are compiled on first use (`__getattr__`): a client on its
@@ -29,6 +29,14 @@ _PATTERNS: dict[str, tuple[str, int]] = {
                               r"connected peer ranks is :|peer ranks\.?|\d+|\s+", 0),
     # What may be left of a notice on a line of its own (a lone number, nothing).
     "GLOO_NOTICE_LEFTOVER": (r"\s*\d*\s*", 0),
+    # The notice is eight writes ("[Gloo] Rank ", r, " is connected to ", k,
+    # " peer ranks. ", "Expected number ... is : ", k, "\n"), so a line of the
+    # program's own can hold some of them (its text is one write, its newline
+    # another). Only these two labels are the notice's alone.
+    "GLOO_NOTICE_LABELS": (r"\[Gloo\] Rank |Expected number of connected peer ranks is :", 0),
+    # Its labels, split out of a line (the group keeps them in `re.split`).
+    "GLOO_NOTICE_PIECES": (r"(\[Gloo\] Rank | ?is connected to | ?peer ranks\. ?|"
+                           r"Expected number of connected peer ranks is : ?)", 0),
     # gloo's errors when the other end of one of its connections went away (a
     # client's collective failed because another client's process ended).
     "GLOO_PEER_LOST": (r"Connection (?:reset|closed) by peer|Broken pipe|"
@@ -43,6 +51,8 @@ _PATTERNS: dict[str, tuple[str, int]] = {
 GLOO_NOTICE_MARKERS: re.Pattern[str]
 GLOO_NOTICE_FRAGMENTS: re.Pattern[str]
 GLOO_NOTICE_LEFTOVER: re.Pattern[str]
+GLOO_NOTICE_LABELS: re.Pattern[str]
+GLOO_NOTICE_PIECES: re.Pattern[str]
 GLOO_PEER_LOST: re.Pattern[str]
 GLOO_NEVER_JOINED: re.Pattern[str]
 
@@ -65,6 +75,10 @@ PROBES = {
                              "test_gloo_s_connection_notice_is_still_printed_and_recognised",
     "GLOO_NOTICE_LEFTOVER": "tests/unit/test_launcher_output.py::"
                             "test_gloo_notices_and_their_fragments_are_dropped",
+    "GLOO_NOTICE_LABELS": "tests/multiprocess/test_jaxlib_texts.py::"
+                          "test_gloo_s_connection_notice_is_still_printed_and_recognised",
+    "GLOO_NOTICE_PIECES": "tests/multiprocess/test_jaxlib_texts.py::"
+                          "test_gloo_s_connection_notice_is_still_printed_and_recognised",
     "GLOO_PEER_LOST": "tests/multiprocess/test_failure_modes.py::"
                       "test_a_sigkill_mid_collective_is_the_root_cause_not_the_peers_gloo_error",
     "GLOO_NEVER_JOINED": "tests/multiprocess/test_waiting.py::"

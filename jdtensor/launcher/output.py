@@ -6,15 +6,17 @@ PURE of JAX: standard library only.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import IO, Any
 
 from jdtensor import _jaxlib_texts
 
-__all__ = ["Output", "segments", "is_gloo_noise"]
+__all__ = ["Output", "segments", "is_gloo_noise", "without_gloo_pieces"]
 
 _GLOO_FRAGMENT_SECONDS = 0.5
+_GLOO_NUMBER_SECONDS = 0.1
 
 
 def is_gloo_noise(line: str) -> bool:
@@ -22,6 +24,70 @@ def is_gloo_noise(line: str) -> bool:
   (`jdtensor._jaxlib_texts.GLOO_NOTICE`)."""
   return (bool(_jaxlib_texts.GLOO_NOTICE_MARKERS.search(line))
           and not _jaxlib_texts.GLOO_NOTICE_FRAGMENTS.sub("", line))
+
+
+def without_gloo_pieces(line: str, in_notice: bool = False,
+                        count: str | None = None) -> tuple[str, str]:
+  """`line` without the pieces of gloo's notice that landed in it: as it
+  reads if the number owed by its last label is the next line's, and as it
+  reads if that number ends this line (the same but where that is unsure).
+
+  gloo writes its notice in eight pieces from C++ threads into the stream
+  the program prints to: "[Gloo] Rank ", r, " is connected to ", k,
+  " peer ranks. ", "Expected number of connected peer ranks is : ", k and a
+  newline. A line of the program's own (its text one write, its newline
+  another) can carry some of them: ``[Gloo] Rank 3y: global (8, 8)``. A line
+  is repaired when it holds one of the notice's own labels, or (`in_notice`:
+  right after a notice) any of its pieces; ``server is connected to 3
+  clients`` alone is the program's and is kept as it is.
+
+  A label's number is written right after it, unless the program's text came
+  between the two; then it ends the text before the next label, or, after
+  the last label, either this line or (when the program's newline came
+  first) the next one: the caller looks at the next line. Its width is k's
+  (every rank is at most k), else one digit (or all of a number alone
+  between two pieces). Only where the program's own
+  text starts or ends with digits next to such a number, and k is unknown or
+  the rank is shorter than k, can a digit of the program's be taken for
+  gloo's. `count`: k where another line showed it.
+  """
+  if not (_jaxlib_texts.GLOO_NOTICE_LABELS.search(line)
+          or in_notice and _jaxlib_texts.GLOO_NOTICE_MARKERS.search(line)):
+    return line, line
+  parts = _jaxlib_texts.GLOO_NOTICE_PIECES.split(line)
+  texts, labels = parts[0::2], parts[1::2]
+  # Which number each label is followed by: r, k, none, k.
+  kinds = ["r" if "Rank" in label else "k" if label.endswith(("to ", ": ", ":")) else None
+           for label in labels]
+  count = next((m.group() for kind, text in zip(kinds, texts[1:])
+                if kind == "k" and (m := re.match(r"\d+", text)) is not None), count)
+  width = len(count) if count is not None else 1
+
+  def number_at(text: str, end: bool, kind: str | None) -> int:
+    """How many characters of gloo's number `text` starts (or ends) with."""
+    digits = re.search(r"\d+\Z" if end else r"\A\d+", text)
+    if digits is None:
+      return 0
+    if kind == "k" and count is not None:
+      ends_with = digits.group().endswith if end else digits.group().startswith
+      return len(count) if ends_with(count) else 0
+    if count is None and digits.group() == text:
+      return len(text)  # A number alone between two pieces: the whole of it.
+    return min(len(digits.group()), width)
+
+  owed: str | None = None  # The kind of number the text before a label ends with.
+  for n, kind in enumerate(kinds, start=1):
+    if owed is not None:
+      texts[n - 1] = texts[n - 1][:len(texts[n - 1]) - number_at(texts[n - 1], True, owed)]
+    owed = None
+    if kind is not None:
+      taken = number_at(texts[n], False, kind)
+      texts[n] = texts[n][taken:]
+      owed = kind if taken == 0 else None
+  kept = "".join(texts)
+  if owed is not None:
+    texts[-1] = texts[-1][:len(texts[-1]) - number_at(texts[-1], True, owed)]
+  return kept, "".join(texts)
 
 
 def segments(pipe: IO[bytes]) -> Any:
@@ -68,28 +134,71 @@ class Output:
     """Copies one client's `pipe` to `sink`, each line tagged with the client."""
     prefix = f"[client {client}] "
     noise_until = 0.0  # Fragments of a gloo notice may follow it.
-    for raw, end in segments(pipe):
-      line = raw.decode(errors="replace")
-      if is_gloo_noise(line):
-        noise_until = time.monotonic() + _GLOO_FRAGMENT_SECONDS
-        continue
-      # gloo's C++ threads write their notices byte by byte into the same
-      # stream, so an empty line or a lone number right after one is a
-      # fragment of it, not the program's output.
-      if (time.monotonic() < noise_until
-          and _jaxlib_texts.GLOO_NOTICE_LEFTOVER.fullmatch(line)):
-        continue
-      if self.closed:
-        continue  # Keep draining, so that no client blocks on a full pipe.
-      with self.write_lock:
-        try:
-          sink.write(prefix + line + end)
-          sink.flush()
-        except (BrokenPipeError, ValueError, OSError):
-          # Our reader is gone (`jdtensor launch ... | head -1`): the run is
-          # stopped, as torchrun and mpirun do.
-          self.closed = True
-        self.last_output = time.monotonic()
+    # A repaired line (as it came, whether a notice came just before, its
+    # end), written when the next line comes or after `_GLOO_NUMBER_SECONDS`
+    # (gloo writes the rest of its notice at once): the next line may hold
+    # the number its last label owes, or show k (the width of a number).
+    held: list[tuple[str, bool, str]] = []
+    held_lock = threading.Lock()
+
+    def release(next_line: str | None) -> None:
+      with held_lock:  # Held while writing: the next line waits for it.
+        if not held:
+          return
+        line, in_notice, end = held.pop()
+        rest = next_line if next_line is not None and is_gloo_noise(next_line) else ""
+        number_was_next = next_line is not None and re.match(r"\d", next_line) is not None and (
+            bool(rest) or _jaxlib_texts.GLOO_NOTICE_LEFTOVER.fullmatch(next_line) is not None)
+        # The rest of the notice, if it came next, may show k (and so the
+        # width of the numbers in this line), as may the number owed.
+        count = re.search(r"(?:is connected to|is :) *(\d+)", rest) or (
+            number_was_next and re.match(r"\s*(\d+)", next_line or ""))
+        kept, stripped = without_gloo_pieces(line, in_notice,
+                                             count.group(1) if count else None)
+        self._write(sink, prefix + (kept if number_was_next else stripped) + end)
+
+    try:
+      for raw, end in segments(pipe):
+        line = raw.decode(errors="replace")
+        release(line)
+        if is_gloo_noise(line):
+          noise_until = time.monotonic() + _GLOO_FRAGMENT_SECONDS
+          continue
+        in_notice = time.monotonic() < noise_until
+        raw_line = line
+        kept, stripped = without_gloo_pieces(line, in_notice)
+        if kept != line or stripped != line:
+          line = stripped
+          noise_until = time.monotonic() + _GLOO_FRAGMENT_SECONDS
+        # gloo's C++ threads write their notices piece by piece into the
+        # same stream, so an empty line or a lone number right after one is
+        # a fragment of it, not the program's output.
+        if ((in_notice or line != raw_line)
+            and _jaxlib_texts.GLOO_NOTICE_LEFTOVER.fullmatch(line)):
+          continue
+        if line != raw_line:  # Repaired: the next line may tell more.
+          with held_lock:
+            held.append((raw_line, in_notice, end))
+          timer = threading.Timer(_GLOO_NUMBER_SECONDS, release, args=(None,))
+          timer.daemon = True
+          timer.start()
+          continue
+        self._write(sink, prefix + line + end)
+    finally:
+      release(None)
+
+  def _write(self, sink: IO[str], text: str) -> None:
+    if self.closed:
+      return  # Keep draining, so that no client blocks on a full pipe.
+    with self.write_lock:
+      try:
+        sink.write(text)
+        sink.flush()
+      except (BrokenPipeError, ValueError, OSError):
+        # Our reader is gone (`jdtensor launch ... | head -1`): the run is
+        # stopped, as torchrun and mpirun do.
+        self.closed = True
+      self.last_output = time.monotonic()
 
   def line(self, text: str) -> None:
     """Writes one line of the launcher's own to `err`."""

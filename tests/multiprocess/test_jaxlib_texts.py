@@ -7,6 +7,7 @@ import pytest
 
 from jdtensor import _jaxlib_texts
 from jdtensor.launcher import is_gloo_noise
+from jdtensor.launcher.output import without_gloo_pieces
 from tests.helpers import cluster_env, finish, free_port, start_clients
 
 pytestmark = pytest.mark.multiprocess
@@ -26,3 +27,7 @@ def test_gloo_s_connection_notice_is_still_printed_and_recognised():
             if _jaxlib_texts.GLOO_NOTICE_MARKERS.search(line)]
   assert notice, "gloo printed no connection notice: " + text[-2000:]
   assert [line for line in notice if not is_gloo_noise(line)] == []
+  # Every piece is known, so one that lands in a line of the program's own
+  # is taken out of it.
+  assert [line for line in notice if not _jaxlib_texts.GLOO_NOTICE_LEFTOVER.fullmatch(
+      without_gloo_pieces(line)[1])] == []

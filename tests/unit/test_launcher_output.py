@@ -3,6 +3,8 @@
 import io
 import time
 
+import pytest
+
 from jdtensor import cli
 from jdtensor.launcher import output
 from jdtensor.launcher.output import Output, segments
@@ -20,6 +22,84 @@ GLOO = ("[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connecte
 
 def test_gloo_notices_and_their_fragments_are_dropped():
   assert pump([GLOO, "\n", "5\n", "step 1\n"]) == "[client 1] step 1\n"
+
+
+def notice(rank, count):
+  """gloo's notice as it is written, one write each (strace of a client)."""
+  return ["[Gloo] Rank ", rank, " is connected to ", count, " peer ranks. ",
+          "Expected number of connected peer ranks is : ", count, "\n"]
+
+
+USER = "y: global (8, 8), sum 1024.0"  # print() writes it, then its newline.
+
+
+@pytest.mark.parametrize("rank, count", [("3", "3"), ("12", "15"), ("0", "1")])
+def test_the_program_s_line_is_whole_wherever_gloo_s_notice_lands_in_it(rank, count):
+  """Seen in CI: ``[client 3] [Gloo] Rank 3y: global (8, 8), ...``. Every
+  place of the program's two writes among the notice's eight."""
+  pieces = notice(rank, count)
+  for text_at in range(len(pieces) + 1):
+    for newline_at in range(text_at, len(pieces) + 1):
+      written = pieces[:]
+      written.insert(newline_at, "\n")
+      written.insert(text_at, USER)
+      assert pump(written) == f"[client 1] {USER}\n", written
+
+
+@pytest.mark.parametrize("line, repaired", [
+    ("[Gloo] Rank 3y: global (8, 8)", "y: global (8, 8)"),
+    ("loss 0.5[Gloo] Rank 12 is connected to 15 peer ranks. ", "loss 0.5"),
+    ("step 3Expected number of connected peer ranks is : 3", "step 3"),
+    # Only the notice's own labels mark a line of the program's as carrying it.
+    ("server is connected to 3 clients", "server is connected to 3 clients"),
+    ("2 peer ranks. done", "2 peer ranks. done"),
+    ("[Gloo] is a library", "[Gloo] is a library"),
+])
+def test_only_gloo_s_pieces_are_taken_out_of_a_line(line, repaired):
+  assert output.without_gloo_pieces(line) == (repaired, repaired)
+
+
+def test_a_number_owed_at_the_end_of_a_line_may_be_the_next_line_s():
+  """``[Gloo] Rank `` then the program's text: the rank came either before
+  the program's newline or after it (then a lone number follows)."""
+  assert output.without_gloo_pieces("[Gloo] Rank loss 0.53") == ("loss 0.53", "loss 0.5")
+  assert pump(["[Gloo] Rank ", "loss 0.5", "3", "\n"]) == "[client 1] loss 0.5\n"
+  assert pump(["[Gloo] Rank ", "loss 0.5", "\n", "3", "\n"]) == "[client 1] loss 0.5\n"
+  assert pump(["[Gloo] Rank ", "loss 0.53", "\n", "next\n"]) == (
+      "[client 1] loss 0.5\n[client 1] next\n")
+
+
+def test_right_after_a_notice_any_of_its_pieces_is_taken_out():
+  assert output.without_gloo_pieces(" is connected to 3step 2", in_notice=True) == (
+      "step 2", "step 2")
+  assert pump(["[Gloo] Rank 1\n", "server is connected to 3 clients\n"]) == (
+      "[client 1] server clients\n")  # Within the notice's half second: its pieces.
+  assert pump(["server is connected to 3 clients\n"]) == (
+      "[client 1] server is connected to 3 clients\n")
+
+
+def test_a_repaired_line_is_shown_soon_when_nothing_follows_it():
+  """A repaired line waits for the next one (which may hold its number) for
+  a tenth of a second at most: a program that then computes for minutes
+  shows its line at once, and in order."""
+  sink = io.StringIO()
+  seen = []
+
+  class QuietPipe:
+    def __init__(self):
+      self.chunks = [b"[Gloo] Rank 3y: global\n", b"after\n"]
+
+    def read1(self, size):
+      if len(self.chunks) == 1:
+        time.sleep(output._GLOO_NUMBER_SECONDS + 0.3)  # The program computes.
+        seen.append(sink.getvalue())
+      return self.chunks.pop(0) if self.chunks else b""
+
+    def close(self):
+      pass
+  Output(sink, sink).pump(1, QuietPipe(), sink)
+  assert seen == ["[client 1] y: global\n"]
+  assert sink.getvalue() == "[client 1] y: global\n[client 1] after\n"
 
 
 def test_empty_lines_of_the_program_are_kept():
