@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 
 __all__ = ["GLOO_NOTICE_MARKERS", "GLOO_NOTICE_FRAGMENTS", "GLOO_NOTICE_LEFTOVER",
-           "GLOO_NOTICE_LABELS", "GLOO_NOTICE_PIECES", "GLOO_PEER_LOST", "GLOO_NEVER_JOINED", "GLOO_KEY_PREFIX",
+           "GLOO_NOTICE_LABELS", "GLOO_NOTICE_PIECES", "GLOO_PEER_LOST",
+           "GLOO_NEVER_JOINED", "GLOO_KEY_PREFIX",
            "BARRIER_DEADLINE_EXCEEDED", "PROBES"]
 
 # The patterns are compiled on first use (`__getattr__`): a client on its

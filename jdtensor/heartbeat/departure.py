@@ -49,8 +49,8 @@ from typing import Any, NamedTuple
 
 from jdtensor import _jaxlib_texts
 
-__all__ = ["Departure", "ExitGuard", "background_threads", "describe_exception",
-           "flush_open_files", "lost_a_peer", "never_joined"]
+__all__ = ["Departure", "ExitGuard", "FLUSH_DEADLINE", "background_threads",
+           "describe_exception", "flush_open_files", "lost_a_peer", "never_joined"]
 
 class Departure(NamedTuple):
   """How this client is leaving.
@@ -113,23 +113,41 @@ def background_threads() -> list[str]:
           and not t.name.startswith("jdtensor")]
 
 
-def flush_open_files() -> None:
+FLUSH_DEADLINE = 5.0
+
+
+def flush_open_files(deadline: float = FLUSH_DEADLINE) -> bool:
   """Flushes every open file object written to, ``sys.stdout`` and
   ``sys.stderr`` first: ``os._exit`` ends the process without Python's
   finalisation, which would flush a file the program never closed as it
-  closes it (its last lines would be lost)."""
+  closes it (its last lines would be lost).
+
+  Returns whether it finished within `deadline` seconds: a file whose lock
+  another thread holds while blocked writing to a full pipe would block its
+  flush for ever, so the flushing runs on a thread of its own.
+  """
+  done = threading.Event()
+
+  def flush_all() -> None:
+    for stream in (sys.stdout, sys.stderr):
+      flush(stream)
+    for obj in gc.get_objects():
+      # By type: an instance's own ``__class__`` could run code.
+      if issubclass(type(obj), io.IOBase):
+        flush(obj)
+    done.set()
+
   def flush(stream: Any) -> None:
     try:
       if not stream.closed and stream.writable():
         stream.flush()
     except Exception:  # pylint: disable=broad-except
       pass  # Detached, a broken pipe, a full disk: nothing more can be done.
-  for stream in (sys.stdout, sys.stderr):
-    flush(stream)
-  for obj in gc.get_objects():
-    # By type: an instance's own ``__class__`` could run code.
-    if issubclass(type(obj), io.IOBase):
-      flush(obj)
+  try:
+    threading.Thread(target=flush_all, name="jdtensor-flush", daemon=True).start()
+  except RuntimeError:  # No new thread at this point of the exit (3.12+).
+    flush_all()
+  return done.wait(deadline)
 
 
 def _status_code(status: Any) -> int:

@@ -138,14 +138,15 @@ class Output:
     # end), written when the next line comes or after `_GLOO_NUMBER_SECONDS`
     # (gloo writes the rest of its notice at once): the next line may hold
     # the number its last label owes, or show k (the width of a number).
-    held: list[tuple[str, bool, str]] = []
+    held: list[tuple[str, bool, str, threading.Timer]] = []
     held_lock = threading.Lock()
 
     def release(next_line: str | None) -> None:
       with held_lock:  # Held while writing: the next line waits for it.
         if not held:
           return
-        line, in_notice, end = held.pop()
+        line, in_notice, end, timer = held.pop()
+        timer.cancel()  # It would release the next held line early.
         rest = next_line if next_line is not None and is_gloo_noise(next_line) else ""
         number_was_next = next_line is not None and re.match(r"\d", next_line) is not None and (
             bool(rest) or _jaxlib_texts.GLOO_NOTICE_LEFTOVER.fullmatch(next_line) is not None)
@@ -177,10 +178,10 @@ class Output:
             and _jaxlib_texts.GLOO_NOTICE_LEFTOVER.fullmatch(line)):
           continue
         if line != raw_line:  # Repaired: the next line may tell more.
-          with held_lock:
-            held.append((raw_line, in_notice, end))
           timer = threading.Timer(_GLOO_NUMBER_SECONDS, release, args=(None,))
           timer.daemon = True
+          with held_lock:
+            held.append((raw_line, in_notice, end, timer))
           timer.start()
           continue
         self._write(sink, prefix + line + end)

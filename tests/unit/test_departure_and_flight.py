@@ -428,6 +428,25 @@ def test_a_file_never_closed_keeps_its_last_lines_when_the_process_skips_finalis
   assert path.read_text() == ("last line\n" if flush else "")
 
 
+def test_flushing_at_exit_has_a_deadline_when_another_thread_holds_a_file():
+  """A thread blocked writing to a full pipe holds that file's lock: its
+  flush would wait for ever, and the process would never end."""
+  res = run_python("""
+      import os, threading, time
+      from jdtensor.heartbeat import departure
+      r, w = os.pipe()  # Nobody reads it.
+      stuck = os.fdopen(w, "wb")
+      threading.Thread(target=stuck.write, args=(b"x" * (1 << 22),), daemon=True).start()
+      time.sleep(0.3)
+      start = time.monotonic()
+      finished = departure.flush_open_files(deadline=1.0)
+      print(finished, round(time.monotonic() - start), flush=True)
+      os._exit(0)
+      """, timeout=60)
+  assert res.returncode == 0, res.stderr
+  assert res.stdout.split() == ["False", "1"], res.stdout
+
+
 class _EndingHeartbeat:
   """A heartbeat whose thread ends (sets `stopped`, then exits) at a chosen
   wait: the race between the wait's time-out and the liveness check."""
