@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["wrapped", "signal_groups", "stop_process_groups"]
 
@@ -70,6 +70,36 @@ if os.WIFSIGNALED(status):
   os.kill(guardian, sig)
 os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 """
+
+
+def why_it_cannot_start(program: str, env: Mapping[str, str]) -> str | None:
+  """Why ``execvp(program)`` would surely fail for the clients, or None.
+
+  Checked once, in the launcher, before any client starts: otherwise every
+  client says the same thing and each ends with code 127. Only what is
+  certain is refused (no such file, or no execute permission, searched as
+  ``execvp`` searches the clients' ``PATH``); anything else, a bad ``#!``
+  line for one, is left to the exec itself.
+  """
+  if os.sep in program:
+    candidates = [program]
+  else:
+    directories = env.get("PATH", os.defpath).split(os.pathsep)
+    candidates = [os.path.join(d or os.curdir, program) for d in directories]
+  found = [c for c in candidates if os.path.exists(c)]
+  if any(os.path.isfile(c) and os.access(c, os.X_OK) for c in found):
+    return None
+  if program.endswith(".py") and found:
+    return ("it is not executable; to run a Python script, give the "
+            f"interpreter: jdtensor launch ... -- python {program}")
+  if found:
+    what = "a directory" if all(os.path.isdir(c) for c in found) else "not executable"
+    return f"it is {what}"
+  if os.sep in program:
+    return "no such file"
+  return ("no such command in the clients' PATH"
+          + (f"; to run a Python script, give the interpreter: jdtensor launch "
+             f"... -- python {program}" if program.endswith(".py") else ""))
 
 
 def wrapped(command: Sequence[str]) -> list[str]:

@@ -27,7 +27,8 @@ from jdtensor._report import (ClientEnd, Report, describe_exit, finished_clients
                               root_cause, summary)
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 from jdtensor.launcher.output import Output
-from jdtensor.launcher.processes import signal_groups, stop_process_groups, wrapped
+from jdtensor.launcher.processes import (signal_groups, stop_process_groups,
+                                         why_it_cannot_start, wrapped)
 from jdtensor.launcher.spec import (EXIT_TIMEOUT, Attempt, Failure, Interrupt,
                                     LaunchResult, LaunchSpec, worker_env)
 
@@ -304,6 +305,9 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
   signals.current = sup
   try:
     try:
+      problem = why_it_cannot_start(spec.command[0], env)
+      if problem is not None:
+        raise OSError(errno.ENOENT, problem)
       sup.start()
     except OSError as e:
       sup.stop_all()

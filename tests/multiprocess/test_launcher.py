@@ -140,4 +140,7 @@ def test_cli_usage_errors_and_no_jax_in_parent():
       sys.exit(main(["launch", "-n", "1", "--", "/nonexistent/cmd"]))
       """)
   assert res.returncode == 127
-  assert "jdtensor launch: cannot start '/nonexistent/cmd'" in res.stderr
+  # Said once, by the launcher, before any client starts.
+  assert res.stderr.splitlines()[-1] == (
+      "jdtensor launch: cannot start '/nonexistent/cmd': no such file")
+  assert "[client" not in res.stderr

@@ -128,3 +128,30 @@ def test_without_cpu_device_count_keeps_xla_s_other_flags():
       {"XLA_FLAGS": f"--a=1 {_FLAG8} --b", "JAX_NUM_CPU_DEVICES": "3", "K": "v"}
   ) == {"XLA_FLAGS": "--a=1 --b", "K": "v"}
   assert _env.without_cpu_device_count({"XLA_FLAGS": _FLAG8}) == {}
+
+
+def test_a_command_no_client_could_start_is_named_once_with_what_to_do(tmp_path):
+  from jdtensor.launcher.processes import why_it_cannot_start
+  script = tmp_path / "train.py"
+  script.write_text("print('hi')\n")
+  tool = tmp_path / "tool"
+  tool.write_text("#!/bin/sh\n")
+  tool.chmod(0o755)
+  env = {"PATH": str(tmp_path)}
+  hint = "to run a Python script, give the interpreter: jdtensor launch ... -- python"
+  assert why_it_cannot_start(str(script), env) == f"it is not executable; {hint} {script}"
+  assert why_it_cannot_start("train.py", env) == f"it is not executable; {hint} train.py"
+  assert why_it_cannot_start("train.py", {"PATH": "/nonexistent"}) == (
+      f"no such command in the clients' PATH; {hint} train.py")
+  assert why_it_cannot_start(str(tmp_path / "nope"), env) == "no such file"
+  assert why_it_cannot_start("nope", env) == "no such command in the clients' PATH"
+  assert why_it_cannot_start(str(tmp_path), env) == "it is a directory"
+  # What execvp would run is never refused: by path, by PATH, a later PATH
+  # entry after a non-executable one, and the default PATH when none is set.
+  assert why_it_cannot_start(str(tool), {}) is None
+  assert why_it_cannot_start("tool", env) is None
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "tool").write_text("")
+  assert why_it_cannot_start("tool", {"PATH": f"{other}:{tmp_path}"}) is None
+  assert why_it_cannot_start("sh", {}) is None
