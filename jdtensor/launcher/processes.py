@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-__all__ = ["wrapped", "signal_groups", "stop_process_groups"]
+__all__ = ["wrapped", "signal_groups", "stop_process_groups", "why_it_cannot_start"]
 
 _POLL_SECONDS = 0.05
 
@@ -89,17 +89,16 @@ def why_it_cannot_start(program: str, env: Mapping[str, str]) -> str | None:
   found = [c for c in candidates if os.path.exists(c)]
   if any(os.path.isfile(c) and os.access(c, os.X_OK) for c in found):
     return None
-  if program.endswith(".py") and found:
-    return ("it is not executable; to run a Python script, give the "
-            f"interpreter: jdtensor launch ... -- python {program}")
+  hint = (f"; to run a Python script, give the interpreter: jdtensor launch ... "
+          f"-- python {program}" if program.endswith(".py") else "")
+  if found and hint:
+    return f"it is not executable{hint}"
   if found:
     what = "a directory" if all(os.path.isdir(c) for c in found) else "not executable"
     return f"it is {what}"
   if os.sep in program:
     return "no such file"
-  return ("no such command in the clients' PATH"
-          + (f"; to run a Python script, give the interpreter: jdtensor launch "
-             f"... -- python {program}" if program.endswith(".py") else ""))
+  return f"no such command in the clients' PATH{hint}"
 
 
 def wrapped(command: Sequence[str]) -> list[str]:
