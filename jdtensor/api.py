@@ -277,6 +277,13 @@ _CALLS_LIMIT = 512
 _calls_lock = threading.Lock()
 
 
+def forget_compiled_calls() -> None:
+  """Drops the jitted functions `call_with_layout` keeps (their shardings
+  hold JAX's devices); later calls compile again."""
+  with _calls_lock:
+    _CALLS.clear()
+
+
 def _constant_key(value: Any) -> Any:
   """A hashable stand-in for a constant argument, or raises TypeError."""
   if isinstance(value, (list, tuple)):

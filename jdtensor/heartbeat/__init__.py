@@ -55,6 +55,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from jdtensor import _env, runtime
@@ -350,8 +351,13 @@ def _wait_for_the_agreed_end(hb: Heartbeat, patience: float, me: int) -> bool:
 _guard: ExitGuard | None = None
 
 
-def install_exit_guard() -> None:
-  """Installs this client's exit hooks (multi-client runs; once)."""
+def install_exit_guard(at_clean_end: Callable[[], None] | None = None) -> None:
+  """Installs this client's exit hooks (multi-client runs; once).
+
+  Args:
+    at_clean_end: Called when this client ends cleanly, before JAX's own exit
+      handler (see `ExitGuard`).
+  """
   global _guard
   from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
   with _lock:
@@ -364,7 +370,7 @@ def install_exit_guard() -> None:
       if links is not None:
         links.notice(text)
     _guard = ExitGuard(leave, jax_private.detach_from_jax_shutdown, thread_died,
-                       blame_peer)
+                       blame_peer, at_clean_end=at_clean_end)
     _guard.install()
     _install_stack_dump_signal()
 

@@ -192,8 +192,10 @@ class ExitGuard:
                detach_jax: Callable[[], None],
                on_thread_exception: Callable[[str], None] | None = None,
                blame_peer: Callable[[Departure], Departure] | None = None,
-               threads_at_exit: Callable[[], list[str]] = background_threads):
+               threads_at_exit: Callable[[], list[str]] = background_threads,
+               at_clean_end: Callable[[], None] | None = None):
     self._on_leave = on_leave
+    self._at_clean_end = at_clean_end
     self._threads_at_exit = threads_at_exit
     self._pid = os.getpid()
     # Exit handlers registered after ours: Python has run them by the time
@@ -300,6 +302,11 @@ class ExitGuard:
         self._exit_now(self.departure.code)
       elif self._threads_at_exit():
         self._exit_now(self.departure.code)
+      elif self._at_clean_end is not None:
+        try:
+          self._at_clean_end()
+        except Exception:  # pylint: disable=broad-except
+          pass  # A cache left full costs time at exit, never the exit itself.
 
   def _exit_now(self, code: int) -> None:
     """Runs the exit handlers Python has not run yet (each runs once), then

@@ -44,6 +44,7 @@ __all__ = [
     "device_string",
     "PLATFORMS",
     "simulated_tpu",
+    "forget_devices",
     "register_tpu_mesh",
     "registered_tpu_mesh_devices",
     "next_auto_mesh_name",
@@ -103,6 +104,11 @@ def initialize(plan: StartupPlan,
 def shutdown() -> None:
   """`Runtime.shutdown` of the default runtime."""
   return _default.shutdown()
+
+
+def forget_devices() -> None:
+  """`Runtime.forget_devices` of the default runtime."""
+  return _default.forget_devices()
 
 
 def register_tpu_mesh(name: str, devices: list[Any]) -> None:

@@ -27,7 +27,8 @@ from jdtensor.device_spec import DeviceSpec
 __all__ = ["resolve_device", "mesh_devices", "to_jax_mesh", "describe_jax_mesh",
            "single_device_sharding", "named_sharding", "note_mesh", "known_mesh",
            "note_sharding", "sharding_origin", "remember_layout",
-           "recorded_layout", "local_jax_devices", "sum_over_devices"]
+           "recorded_layout", "local_jax_devices", "sum_over_devices",
+           "forget_jax_objects"]
 
 
 def resolve_device(device: str) -> Any:
@@ -276,3 +277,11 @@ def sum_over_devices(devices: Sequence[Any], local_rows: Sequence[np.ndarray]
       (len(devices), *np.shape(local_rows[0])),
       named_sharding(jax_mesh, PartitionSpec("devices")), shards)
   return np.asarray(summed(rows).addressable_data(0))
+
+
+def forget_jax_objects() -> None:
+  """Drops the JAX meshes and compiled sums this module keeps (they hold
+  JAX's devices, and through them its backend); later calls rebuild them."""
+  with _lock:
+    _MESHES.clear()
+    _SUMS.clear()

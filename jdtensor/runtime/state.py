@@ -304,6 +304,11 @@ class Runtime:
       self.state.device_type = None
       self.state.env = None
 
+  def forget_devices(self) -> None:
+    """Drops the cached device table (`client_devices` reads JAX again)."""
+    with self._lock:
+      self.state._device_table.clear()  # pylint: disable=protected-access
+
   def register_tpu_mesh(self, name: str, devices: list[Any]) -> None:
     """Records the devices of a TPU mesh by name (DTensor's ``set_tpu_core_ids``).
 

@@ -154,3 +154,20 @@ def test_create_mesh_fewer_devices_repeatable(devices):
 def test_gpu_mesh_on_cpu_only_machine_is_clear(devices):
   with pytest.raises(ValueError, match="client 0 has 0 GPU device"):
     jdtensor.create_mesh([("x", 1)], devices=["GPU:0"])
+
+
+def test_everything_works_again_after_the_caches_of_jax_objects_are_dropped(mesh):
+  """What a clean exit drops (issue #23) is rebuilt on the next call."""
+  from jdtensor import accelerator, api, runtime  # pylint: disable=g-import-not-at-top
+  from jdtensor.runtime import interop  # pylint: disable=g-import-not-at-top
+  layout = Layout(["batch", UNSHARDED], mesh)
+  before = jdtensor.call_with_layout(jnp.ones, layout, (4, 2))
+  device_names = runtime.client_devices("CPU", 0)
+  assert interop.known_mesh(mesh.jax_mesh) is not None and api._CALLS  # pylint: disable=protected-access
+  accelerator._forget_jax_objects()  # pylint: disable=protected-access
+  assert interop.known_mesh(mesh.jax_mesh) is None and not api._CALLS  # pylint: disable=protected-access
+  assert runtime.state()._device_table == {}  # pylint: disable=protected-access
+  assert runtime.client_devices("CPU", 0) == device_names
+  after = jdtensor.call_with_layout(jnp.ones, layout, (4, 2))
+  assert jdtensor.fetch_layout(after) == jdtensor.fetch_layout(before) == layout
+  np.testing.assert_array_equal(np.asarray(after), np.asarray(before))

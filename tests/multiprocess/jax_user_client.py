@@ -7,6 +7,10 @@ Modes:
   absl     initialise, then import absl.logging at once (a fresh import)
   orbax    optax steps saved with orbax's CheckpointManager
            (single_host_load_and_broadcast=True) into CKPT_DIR, then restored
+  backend_freed
+           use every jdtensor cache of JAX objects (device table, meshes,
+           layouts, call_with_layout, barrier), end the script, and say
+           whether JAX's CPU client was freed once JAX's exit handler ran
 
 Started by `jdtensor launch` (DTENSOR_* set). With RAW_JAX=1 it initialises
 with plain ``jax.distributed.initialize`` instead of jdtensor, as the baseline.
@@ -169,6 +173,41 @@ def orbax_checkpoint():
   result("orbax", {"restored": same, "failure": str(heartbeat.current().failure)})
 
 
+def backend_freed():
+  """Registered before ``import jax``, the check runs after JAX's exit
+  handler (exit handlers run last-registered first), which clears JAX's
+  backends: what still holds the CPU client then is someone else's."""
+  import atexit
+  import gc
+  import weakref
+  client = []
+
+  def check():
+    gc.collect()
+    result("backend_freed", client[0]() is None)
+  atexit.register(check)
+  init()
+  import jax
+  import numpy as np
+
+  def work():
+    n = jax.device_count()
+    if os.environ.get("RAW_JAX") == "1":
+      mesh = jax.make_mesh((n,), ("x",))
+      x = jax.device_put(np.ones(n, np.float32),
+                         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+      return float(jax.jit(lambda a: a.sum())(x))
+    import jdtensor
+    mesh = jdtensor.create_distributed_mesh([("x", n)])
+    layout = jdtensor.Layout(["x"], mesh)
+    x = jdtensor.call_with_layout(np.ones, layout, (n,), np.float32)
+    jdtensor.barrier(mesh, "backend_freed")
+    jdtensor.fetch_layout(x)
+    return float(jax.jit(lambda a: a.sum())(x))
+  assert work() == jax.device_count()
+  client.append(weakref.ref(jax.devices()[0].client))
+
+
 if __name__ == "__main__":
   {"view": view, "stress": stress, "absl": absl_import,
-   "orbax": orbax_checkpoint}[sys.argv[1]]()
+   "orbax": orbax_checkpoint, "backend_freed": backend_freed}[sys.argv[1]]()

@@ -48,6 +48,20 @@ def test_standard_jax_view_is_exactly_raw_jax_distributed():
   assert views["heartbeat off"] == raw
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_jax_frees_its_backend_at_exit_as_without_jdtensor(devices):
+  """After a clean end and JAX's own exit handler, nothing of jdtensor's
+  keeps JAX's CPU client alive (its cached devices, meshes and compiled
+  functions are dropped first), as with raw jax.distributed: kept, gloo's
+  event loop ran on through Python's whole finalisation (issue #23)."""
+  for name, env in (("raw", {"RAW_JAX": "1"}), ("heartbeat on", {}),
+                    ("heartbeat off", {"DTENSOR_ENABLE_HEARTBEAT": "false"})):
+    res, out, err = launch("backend_freed", 2, devices, **env)
+    assert res.exit_code == 0, (name, res.reason, err[-3000:])
+    assert {c: r["backend_freed"] for c, r in parse_results(out).items()} == {
+        0: True, 1: True}, (name, err[-3000:])
+
+
 def test_standard_collectives_beside_a_20ms_heartbeat():
   """1,000 each of broadcast_one_to_all, process_allgather and psums over a
   jax.make_mesh mesh, over a host axis and over one device per client."""

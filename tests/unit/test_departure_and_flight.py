@@ -407,6 +407,36 @@ def test_a_clean_end_with_a_live_background_thread_skips_python_s_finalisation(
   assert ended == exits and g.departure == departure_mod.Departure(0, "exited (code 0)", False)
 
 
+@pytest.mark.parametrize("clean, threads, dropped", [
+    (True, [], ["dropped"]),            # Python's own exit follows: drop.
+    (True, ["metrics-sync"], []),       # os._exit follows: nothing to free.
+    (False, [], []),                    # A failure: JAX is detached, kept.
+])
+def test_what_jdtensor_keeps_of_jax_is_dropped_only_at_a_clean_end(
+    monkeypatch, clean, threads, dropped):
+  monkeypatch.delattr(sys, "last_value", raising=False)
+  calls = []
+  g = departure_mod.ExitGuard(lambda d: clean, lambda: None,
+                              threads_at_exit=lambda: threads,
+                              at_clean_end=lambda: calls.append("dropped"))
+  monkeypatch.setattr(g, "_exit_now", lambda code: None)
+  g.run()
+  g.run()
+  assert calls == dropped
+
+
+def test_an_error_while_dropping_what_jdtensor_keeps_never_changes_the_exit(monkeypatch):
+  monkeypatch.delattr(sys, "last_value", raising=False)
+
+  def fails():
+    raise RuntimeError("a cache that would not clear")
+  g = departure_mod.ExitGuard(lambda d: True, lambda: pytest.fail("detached"),
+                              threads_at_exit=lambda: [], at_clean_end=fails)
+  monkeypatch.setattr(g, "_exit_now", lambda code: pytest.fail("os._exit"))
+  g.run()
+  assert g.departure == departure_mod.Departure(0, "exited (code 0)", False)
+
+
 @pytest.mark.parametrize("flush", [True, False])
 def test_a_file_never_closed_keeps_its_last_lines_when_the_process_skips_finalisation(
     tmp_path, flush):
