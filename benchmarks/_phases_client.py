@@ -40,7 +40,7 @@ _WALL: dict[str, tuple[float, float]] = {}
 # The start-up's steps: (label, module, function), timed where they are called.
 STEPS = (("checks", "jdtensor.accelerator", "_plan"),
          ("rendezvous", "jdtensor.runtime.rendezvous", "rendezvous"),
-         ("wait for JAX's service", "jdtensor.runtime.rendezvous", "wait_for_service"),
+         ("wait for JAX's service", "jdtensor.runtime.rendezvous", "wait_for_service_notice"),
          ("jax.distributed.initialize", "jax.distributed", "initialize"),
          ("backend start", "jax._src.xla_bridge", "backends"),
          ("heartbeat start", "jdtensor.heartbeat", "start_with"))

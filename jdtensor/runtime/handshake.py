@@ -22,7 +22,8 @@ __all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "run_id",
 
 # 3: the heartbeat beats on the links; ``go`` carries no private service port.
 # 4: until ``go``, client 0 says whom it is still waiting for (``waiting``).
-PROTOCOL = 4
+# 5: client 0 says on the links when its JAX service listens (``service``).
+PROTOCOL = 5
 # The time a peer has for each stage of the handshake on client 0 (a
 # legitimate client answers at once); frames are at most MAX_FRAME bytes.
 STAGE_SECONDS = 2.0

@@ -54,7 +54,9 @@ class Links:
     failed (this client included, when it is the one named);
   * ``peer_left(client, code, why, failed)``: a client announces it is
     leaving, with its exit code and reason;
-  * ``peer_notice(client, text)``: something the others should know.
+  * ``peer_notice(client, text)``: something the others should know;
+  * ``service_up()``: client 0's JAX coordination service listens (said
+    once, during start-up).
 
   Messages with an ``hb`` key are the heartbeat's exchange (`carry`): they go
   to its handler, on the same thread, and are never relayed.
@@ -136,6 +138,10 @@ class Links:
           self._carried.append((client, message))
       if carrier is not None:
         carrier(client, message)
+      return
+    if "service" in message:  # Client 0's own word; never relayed.
+      if client == 0:
+        self._emit("service_up")
       return
     if self.client_id == 0:  # The hub: relay to everyone else.
       self._send(message, skip={client})

@@ -45,6 +45,7 @@ import hmac
 import os
 import select
 import socket
+import threading
 import time
 from typing import Any
 
@@ -60,7 +61,8 @@ from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, NONCE_RE, POLL_SEC
 from jdtensor.runtime.links import Links
 
 __all__ = ["Hello", "Meeting", "bind_address", "rendezvous",
-           "wait_for_service", "run_id", "jobs_digest", "STAGE_SECONDS"]
+           "wait_for_service", "announce_service", "wait_for_service_notice",
+           "SERVICE_UP", "run_id", "jobs_digest", "STAGE_SECONDS"]
 
 
 class _Refused(Exception):
@@ -203,11 +205,13 @@ def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
 
 
 # JAX's service usually listens a few ms after the rendezvous (client 0 is
-# inside jax.distributed.initialize): poll every 1 ms for the first half
-# second, then every 5 ms.
+# inside jax.distributed.initialize): client 0 polls its own service every
+# 1 ms for the first half second, then every 5 ms, and tells the others.
 SERVICE_FAST_POLL_SECONDS = 0.001
 SERVICE_FAST_POLL_WINDOW = 0.5
 SERVICE_POLL_SECONDS = 0.005
+# The links' message that says it listens.
+SERVICE_UP = "service"
 
 
 def wait_for_service(coordinator: str, deadline: Deadline, client_id: int) -> None:
@@ -231,10 +235,48 @@ def wait_for_service(coordinator: str, deadline: Deadline, client_id: int) -> No
     except OSError:  # A refused connect costs microseconds: poll fast at first.
       fast = time.monotonic() - started < SERVICE_FAST_POLL_WINDOW
       time.sleep(SERVICE_FAST_POLL_SECONDS if fast else SERVICE_POLL_SECONDS)
-  raise StartupTimeoutError(
+  raise _service_timeout(coordinator, client_id)
+
+
+def _service_timeout(coordinator: str, client_id: int) -> StartupTimeoutError:
+  return StartupTimeoutError(
       f"Client {client_id}: client 0 met every client, but its JAX coordination "
       f"service at DTENSOR_JOBS[0]={coordinator!r} did not come up before the "
       "init timeout; check client 0's output.")
+
+
+def announce_service(coordinator: str, deadline: Deadline, links: Links) -> threading.Thread:
+  """Client 0: tells every client on `links` once its JAX service listens.
+
+  Runs on a thread of its own (client 0's main thread is inside
+  ``jax.distributed.initialize``, which starts the service and then waits
+  for every client). One process polls the service instead of every other
+  client: on an oversubscribed machine the others' polls took CPU from
+  client 0, the one process they all waited for (issue #23). If the service
+  never comes up, nothing is said: client 0's own start-up fails and its
+  process's end reaches the others on the links.
+  """
+  def watch() -> None:
+    try:
+      wait_for_service(coordinator, deadline, 0)
+    except StartupTimeoutError:
+      return
+    links.send({SERVICE_UP: True})
+  thread = threading.Thread(target=watch, name="jdtensor-service-watch", daemon=True)
+  thread.start()
+  return thread
+
+
+def wait_for_service_notice(listening: threading.Event, coordinator: str,
+                            deadline: Deadline, client_id: int) -> None:
+  """A client other than 0: waits until client 0 says its JAX service
+  listens (`announce_service`; `listening` is set by the links' watcher).
+
+  Raises:
+    StartupTimeoutError: If it is not said by `deadline`.
+  """
+  if not listening.wait(max(deadline.remaining(), 0.0)):
+    raise _service_timeout(coordinator, client_id)
 
 
 def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],

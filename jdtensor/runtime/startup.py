@@ -11,6 +11,7 @@ import math
 import os
 import socket
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from jdtensor import _env, _wire
@@ -68,11 +69,18 @@ def _bind_collectives_to_job_address(host: str | None, client_id: int) -> None:
 
 
 class _StartupWatch:
-  """Liveness-link events during start-up: a peer's death stops this client."""
+  """Liveness-link events during start-up: a peer's death stops this client;
+  client 0's word that its JAX service listens sets `service_listening`."""
+
+  def __init__(self) -> None:
+    self.service_listening = threading.Event()
 
   @staticmethod
   def peer_died(client: int, how: str) -> None:
     _died_during_startup(client, how)
+
+  def service_up(self) -> None:
+    self.service_listening.set()
 
 
 def _died_during_startup(client: int, how: str) -> None:
@@ -118,11 +126,15 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
   # Until initialisation ends, a client that dies leaves the others in JAX's
   # C++ connect (which aborts at its time-out) or in the TPU core-id merge:
   # stop cleanly. `initialize` hands the links on when it is done.
-  rt.state.links.watch(_StartupWatch())
+  watch = _StartupWatch()
+  rt.state.links.watch(watch)
   rt.apply_cpu_device_count(plan.cpu_devices, False)
   import jax  # pylint: disable=g-import-not-at-top
-  if env.client_id != 0:
-    rendezvous.wait_for_service(coordinator, deadline, env.client_id)
+  if env.client_id == 0:
+    rendezvous.announce_service(coordinator, deadline, rt.state.links)
+  else:
+    rendezvous.wait_for_service_notice(watch.service_listening, coordinator,
+                                       deadline, env.client_id)
   if deadline.expired():
     raise StartupTimeoutError(
         f"Client {env.client_id}: start-up used up the init timeout "

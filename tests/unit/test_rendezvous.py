@@ -164,6 +164,70 @@ def test_jax_s_service_is_polled_every_ms_then_every_5_ms(monkeypatch):
     server.close()
 
 
+class ServiceWatch:
+  def __init__(self):
+    self.listening = threading.Event()
+    self.said_by = []
+
+  def service_up(self):
+    self.listening.set()
+
+
+def test_client_0_alone_polls_its_service_and_tells_every_client_on_the_links():
+  """The others wait on the links, polling nothing: on 2 oversubscribed
+  cores their polls took CPU from client 0, whom they all waited for."""
+  jobs = cluster(3)
+  out = meet([hello(jobs, c) for c in range(3)], [SECRET] * 3)
+  port = free_ports(1)[0]
+  server = socket.socket()
+  server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  try:
+    watches = [ServiceWatch() for _ in out[1:]]
+    for m, w in zip(out[1:], watches):
+      m.links.watch(w)
+    out[0].links.watch(None)
+    announcer = rendezvous_mod.announce_service(f"127.0.0.1:{port}", Deadline(10.0),
+                                                out[0].links)
+    time.sleep(0.2)
+    assert announcer.is_alive() and not any(w.listening.is_set() for w in watches)
+    server.bind(("127.0.0.1", port))
+    server.listen(1)
+    started = time.monotonic()
+    for c, w in enumerate(watches, 1):
+      rendezvous_mod.wait_for_service_notice(w.listening, f"127.0.0.1:{port}",
+                                             Deadline(5.0), c)
+    assert time.monotonic() - started < 1.0
+    announcer.join(5)
+    assert not announcer.is_alive()
+  finally:
+    server.close()
+    close(out)
+
+
+def test_only_client_0_can_say_its_service_listens():
+  jobs = cluster(3)
+  out = meet([hello(jobs, c) for c in range(3)], [SECRET] * 3)
+  try:
+    watches = [ServiceWatch() for _ in out]
+    for m, w in zip(out, watches):
+      m.links.watch(w)
+    out[1].links.send({rendezvous_mod.SERVICE_UP: True})  # Relayed by client 0 to 2.
+    time.sleep(0.3)
+    assert not any(w.listening.is_set() for w in watches)
+  finally:
+    close(out)
+
+
+def test_a_service_never_said_to_listen_is_a_start_up_timeout_naming_the_address():
+  with pytest.raises(StartupTimeoutError) as err:
+    rendezvous_mod.wait_for_service_notice(threading.Event(), "10.0.0.1:1234",
+                                           Deadline(0.05), 2)
+  assert str(err.value) == (
+      "Client 2: client 0 met every client, but its JAX coordination service at "
+      "DTENSOR_JOBS[0]='10.0.0.1:1234' did not come up before the init timeout; "
+      "check client 0's output.")
+
+
 @pytest.mark.parametrize("host, family", [("localhost", None), ("127.0.0.1", socket.AF_INET),
                                           ("::1", socket.AF_INET6)])
 def test_an_ascii_host_resolves_as_bytes_to_the_same_addresses(host, family):
