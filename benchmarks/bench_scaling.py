@@ -19,7 +19,9 @@
    Paired rounds: raw JAX's and jdtensor's clients at once, each cluster its
    own (`cold_start_paired`), so that the machine's state (its other tenants,
    how costly a page fault is that minute) falls on both alike: a ratio per
-   round far steadier than the ratio of sequential runs.
+   round far steadier than the ratio of sequential runs. ``--paired-only``
+   also splits jdtensor's extra CPU a client into the init, the mesh and
+   first psum, and the exit (Python's finalisation included).
 2. Dead-client detection. N jdtensor clients idle after start-up (heartbeat
    period 1 s); the last is SIGKILLed; seconds until every survivor has
    exited. (Raw JAX's default is about 100 s: bench_startup.py measures it.)
@@ -81,9 +83,14 @@ class Run:
   before any of jdtensor's runs; None where the client does not report it)."""
 
   def __init__(self, first: float, end: float, cpu_per_client: float,
-               imports_per_client: float | None = None):
+               imports_per_client: float | None = None,
+               phases: dict[str, float] | None = None):
     self.first, self.end, self.cpu = first, end, cpu_per_client
     self.imports = imports_per_client
+    # Mean CPU per client in each phase after the imports: "init", "first"
+    # (the mesh and the psum) and "exit" (after the psum, Python's
+    # finalisation included); None where a process is not one client.
+    self.phases = phases
 
   @property
   def after_imports(self) -> float | None:
@@ -93,32 +100,43 @@ class Run:
 
 def _collect(procs: list[subprocess.Popen], start: float, n: int,
              timeout: float = 600.0, exit_errors_ok: bool = False
-             ) -> tuple[list[float], float, float, float | None]:
+             ) -> tuple[list[float], float, float, float | None, dict[str, float] | None]:
   """Reaps every process: (first-psum stamps, wall to the last exit, CPU in
-  all, mean CPU per client in the imports phase or None). A process's CPU
-  from ``wait4`` includes the children it reaped (the launcher's clients)."""
+  all, mean CPU per client in the imports phase or None, mean CPU per client
+  in each later phase or None; see `Run`). A process's CPU from ``wait4``
+  includes the children it reaped (the launcher's clients)."""
   timer = threading.Timer(timeout, _stop, [procs])
   timer.start()
-  cpu, stamps, imports = 0.0, [], []
+  cpu, stamps, imports, whole = 0.0, [], [], []
   try:
     for proc in procs:
       _, status, usage = os.wait4(proc.pid, 0)
       proc.returncode = os.waitstatus_to_exitcode(status)
-      cpu += usage.ru_utime + usage.ru_stime
+      whole.append(usage.ru_utime + usage.ru_stime)
+      cpu += whole[-1]
     end = time.time() - start
   finally:
     timer.cancel()
     _stop(procs)
-  for proc in procs:
+  phases: dict[str, float] | None = {"init": 0.0, "first": 0.0, "exit": 0.0}
+  for proc, process_cpu in zip(procs, whole):
     out = proc.stdout.read() if proc.stdout else ""
     # The launcher tags its clients' lines ("[client 3] FIRST_COLLECTIVE_AT ...").
     stamps += [float(t) for t in re.findall(r"FIRST_COLLECTIVE_AT ([\d.]+)", out)]
     imports += [float(t) for t in re.findall(r"PHASE imports ([\d.]+)", out)]
+    marks = dict(re.findall(r"PHASE (\w+) ([\d.]+)", out))
+    if phases is not None and len(procs) == n and set(marks) == {"imports", "init", "first"}:
+      at = {k: float(v) for k, v in marks.items()}
+      phases["init"] += (at["init"] - at["imports"]) / n
+      phases["first"] += (at["first"] - at["init"]) / n
+      phases["exit"] += (process_cpu - at["first"]) / n
+    else:
+      phases = None
     if proc.returncode != 0 and not exit_errors_ok:
       raise RuntimeError(f"a client ended with {proc.returncode}: {out[-500:]}")
   if len(stamps) != n:
     raise RuntimeError(f"{len(stamps)} of {n} clients reached the psum")
-  return stamps, end, cpu, (sum(imports) / n if len(imports) == n else None)
+  return stamps, end, cpu, (sum(imports) / n if len(imports) == n else None), phases
 
 
 def cold_start_by_hand(argv: list[str], n: int, extra: dict[str, str],
@@ -135,8 +153,8 @@ def cold_start_by_hand(argv: list[str], n: int, extra: dict[str, str],
     procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, text=True,
                                   start_new_session=True))
-  stamps, end, cpu, imports = _collect(procs, start, n, exit_errors_ok=exit_errors_ok)
-  return Run(max(stamps) - start, end, cpu / n, imports)
+  stamps, end, cpu, imports, phases = _collect(procs, start, n, exit_errors_ok=exit_errors_ok)
+  return Run(max(stamps) - start, end, cpu / n, imports, phases)
 
 
 def cold_start_launch(n: int, extra: dict[str, str]) -> Run:
@@ -146,7 +164,7 @@ def cold_start_launch(n: int, extra: dict[str, str]) -> Run:
                            "300", "--", PY, CLIENT, "jdtensor"], env=_env(extra),
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           start_new_session=True)
-  stamps, end, cpu, imports = _collect([proc], start, n)
+  stamps, end, cpu, imports, _ = _collect([proc], start, n)
   return Run(max(stamps) - start, end, cpu / n, imports)
 
 
@@ -178,8 +196,8 @@ def cold_start_paired(n: int, jdtensor_first: bool) -> tuple[Run, Run]:
 
   def collect(name: str) -> None:
     try:
-      stamps, end, cpu, imports = _collect(procs[name], start, n)
-      runs[name] = Run(max(stamps) - start, end, cpu / n, imports)
+      stamps, end, cpu, imports, phases = _collect(procs[name], start, n)
+      runs[name] = Run(max(stamps) - start, end, cpu / n, imports, phases)
     except BaseException as e:  # pylint: disable=broad-except
       errors.append(e)
   # Both reaped at once: each cluster's last exit is timed when it happens,
@@ -307,15 +325,31 @@ def paired_only(counts: list[int], repeats: int) -> str:
     error = 2 * statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0
     return (f"{', '.join(f'{r:.3f}' for r in ratios)} | {statistics.median(ratios):.3f}"
             f" / {statistics.mean(ratios):.3f} +- {error:.3f}")
+  extras: dict[int, dict[str, list[float]]] = {}
   for n in counts:
     walls, ends, cpus = [], [], []
+    extra = extras.setdefault(n, {"init": [], "first": [], "exit": []})
     for round_ in range(repeats):
       raw, jd = cold_start_paired(n, round_ % 2 == 1)
       walls.append(jd.first / raw.first)
       ends.append(jd.end / raw.end)
       cpus.append(jd.cpu / raw.cpu)
+      if raw.phases is not None and jd.phases is not None:
+        for phase, values in extra.items():
+          values.append(jd.phases[phase] - raw.phases[phase])
     lines.append(f"| {n} | {summary(walls)} | {summary(ends)} | "
                  f"{', '.join(f'{c:.3f}' for c in cpus)} | {statistics.median(cpus):.3f} |")
+  lines += ["", "jdtensor's extra CPU per client by phase in the same rounds, "
+            "milliseconds (median over rounds of jdtensor's mean minus raw JAX's): "
+            "init (jdtensor's also starts the backend, which raw JAX starts in its "
+            "first psum), the mesh and first psum, and the exit (after the psum, "
+            "Python's finalisation included):", "",
+            "| clients | init | mesh + first psum | exit |", "|---:|---:|---:|---:|"]
+  for n, extra in extras.items():
+    if all(extra.values()):
+      lines.append(f"| {n} | " + " | ".join(
+          f"{1e3 * statistics.median(extra[p]):+.0f}" for p in ("init", "first", "exit"))
+                   + " |")
   report = "\n".join(lines)
   print(report)
   return report

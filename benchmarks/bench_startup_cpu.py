@@ -6,7 +6,8 @@ Each contender starts N clients by hand (no launcher: the same for all), each
 doing the same work (`_phases_client.py`: imports, initialisation, a mesh and
 one cross-client psum, then a normal exit). Per client: CPU time (user +
 system, every thread) at each phase's end, read by the client, and the whole
-process's CPU from `os.wait4` (the exit path is the difference). Contenders:
+process's CPU from the kernel (the exit path is the difference), with how
+often its threads blocked in the exit (voluntary context switches). Contenders:
 raw JAX, jdtensor with its heartbeat (the default), jdtensor without it
 (``DTENSOR_ENABLE_HEARTBEAT=false``: the heartbeat's share), and jdtensor with
 its bytecode cached. Where ``PYTHONDONTWRITEBYTECODE`` is set (as on this
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -115,6 +117,9 @@ def one_run(mode: str, extra: dict[str, str], clients: int, devices: int,
     threads = {line.split()[1]: float(line.split()[2]) for line in text.splitlines()
                if line.startswith("THREAD jdtensor-")}
     marks["threads"] = sum(threads.values())
+    for line in text.splitlines():  # RUSAGE phase voluntary involuntary faults
+      if line.startswith("RUSAGE first "):
+        marks["switches first"] = float(line.split()[2])
     for name, cpu in threads.items():
       marks["thread " + name] = cpu
     for line in text.splitlines():
@@ -130,17 +135,23 @@ def one_run(mode: str, extra: dict[str, str], clients: int, devices: int,
 def whole_cpu_runs(mode: str, extra: dict[str, str], clients: int, devices: int
                    ) -> list[dict[str, float]]:
   """`one_run`, with each client's whole CPU time taken from the kernel."""
-  before = os.times()
+  before, before_usage = os.times(), resource.getrusage(resource.RUSAGE_CHILDREN)
   rows = one_run(mode, extra, clients, devices)
-  after = os.times()
+  after, after_usage = os.times(), resource.getrusage(resource.RUSAGE_CHILDREN)
   # The children's CPU in all (every client, and the exit paths after the marks).
   total = (after.children_user - before.children_user
            + after.children_system - before.children_system)
   per_client_exit = (total - sum(r["first"] for r in rows)) / clients
+  # How often the clients' threads blocked after the psum, Python's
+  # finalisation included: a thread that polls while the process ends (gloo's
+  # event loop wakes every 10 ms while JAX's CPU backend lives) shows here.
+  exit_switches = (after_usage.ru_nvcsw - before_usage.ru_nvcsw
+                   - sum(r["switches first"] for r in rows)) / clients
   phases = []
   for r in rows:
     phases.append({"imports": r["imports"], "init": r["init"] - r["imports"],
                    "first": r["first"] - r["init"], "exit": per_client_exit,
+                   "exit switches": exit_switches,
                    **{k: v for k, v in r.items() if k.startswith(("thread", "step"))}})
   return phases
 
@@ -193,20 +204,20 @@ def main(argv=None) -> str:
            "CPU seconds per client, by phase (median over rounds of the mean per "
            "client); the whole against raw JAX's:", "",
            "| clients x devices | contender | imports | init | mesh + first psum | "
-           "exit | whole | vs raw JAX |",
-           "|---|---|---:|---:|---:|---:|---:|---:|"]
+           "exit | whole | vs raw JAX | exit: blocking waits a client |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
   extra_cpu = []
   for shape in shapes:
     medians = {}
     for name in CONTENDERS:
       medians[name] = {p: statistics.median(m[p] for m in results[(name, shape)])
-                       for p in (*PHASES, "threads")}
+                       for p in (*PHASES, "threads", "exit switches")}
     raw_whole = sum(medians["raw JAX"][p] for p in PHASES)
     for name, med in medians.items():
       whole = sum(med[p] for p in PHASES)
       lines.append(f"| {shape[0]} x {shape[1]} | {name} | {med['imports']:.3f} | "
                    f"{med['init']:.3f} | {med['first']:.3f} | {med['exit']:.3f} | "
-                   f"{whole:.3f} | {whole / raw_whole:.2f}x |")
+                   f"{whole:.3f} | {whole / raw_whole:.2f}x | {med['exit switches']:.0f} |")
     jd, raw = medians["jdtensor"], medians["raw JAX"]
     extra_cpu.append((shape, jd["init"] + jd["first"] - raw["init"] - raw["first"],
                       jd["exit"] - raw["exit"], jd["threads"],
