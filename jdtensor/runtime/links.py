@@ -17,12 +17,14 @@ from collections.abc import Callable, Collection, Sequence
 
 from jdtensor._wire import Frames, encode
 
-__all__ = ["Links", "LINK_FRAME"]
+__all__ = ["Links", "LINK_FRAME", "SERVICE_UP"]
 
 _TCP_ESTABLISHED = 1
 # The largest message on a link: the peers are authenticated, and the
 # heartbeat's merged row holds 4 values a client (about 100 clients a KiB).
 LINK_FRAME = 16 * 1024 * 1024
+# Client 0's word, during start-up, that its JAX coordination service listens.
+SERVICE_UP = "service"
 
 
 def _peer_open(sock: socket.socket) -> bool:
@@ -139,7 +141,7 @@ class Links:
       if carrier is not None:
         carrier(client, message)
       return
-    if "service" in message:  # Client 0's own word; never relayed.
+    if SERVICE_UP in message:  # Client 0's own word; never relayed.
       if client == 0:
         self._emit("service_up")
       return

@@ -58,7 +58,7 @@ from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, NONCE_RE, POLL_SEC
                                         Hello, Meeting,
                                         bind_address, jobs_digest, retry_delays,
                                         run_id, send)
-from jdtensor.runtime.links import Links
+from jdtensor.runtime.links import SERVICE_UP, Links
 
 __all__ = ["Hello", "Meeting", "bind_address", "rendezvous",
            "wait_for_service", "announce_service", "wait_for_service_notice",
@@ -210,8 +210,6 @@ def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
 SERVICE_FAST_POLL_SECONDS = 0.001
 SERVICE_FAST_POLL_WINDOW = 0.5
 SERVICE_POLL_SECONDS = 0.005
-# The links' message that says it listens.
-SERVICE_UP = "service"
 
 
 def wait_for_service(coordinator: str, deadline: Deadline, client_id: int) -> None:
