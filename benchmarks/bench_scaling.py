@@ -98,8 +98,11 @@ class Run:
     return None if self.imports is None else self.cpu - self.imports
 
 
+_REAP_TIMEOUT = 600.0
+
+
 def _collect(procs: list[subprocess.Popen], start: float, n: int,
-             timeout: float = 600.0, exit_errors_ok: bool = False
+             timeout: float = _REAP_TIMEOUT, exit_errors_ok: bool = False
              ) -> tuple[list[float], float, float, float | None, dict[str, float] | None]:
   """Reaps every process: (first-psum stamps, wall to the last exit, CPU in
   all, mean CPU per client in the imports phase or None, mean CPU per client
@@ -207,9 +210,11 @@ def cold_start_paired(n: int, jdtensor_first: bool) -> tuple[Run, Run]:
     for reaper in reapers:
       reaper.start()
     for reaper in reapers:
-      reaper.join()
+      reaper.join(_REAP_TIMEOUT + 60)  # `_collect` stops its processes by then.
     if errors:
       raise errors[0]
+    if len(runs) != len(procs):
+      raise RuntimeError("a cluster was not reaped in time")
   finally:
     _stop([p for ps in procs.values() for p in ps])
   return runs["raw JAX"], runs["jdtensor"]

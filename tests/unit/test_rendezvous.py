@@ -167,7 +167,6 @@ def test_jax_s_service_is_polled_every_ms_then_every_5_ms(monkeypatch):
 class ServiceWatch:
   def __init__(self):
     self.listening = threading.Event()
-    self.said_by = []
 
   def service_up(self):
     self.listening.set()
@@ -211,7 +210,8 @@ def test_only_client_0_can_say_its_service_listens():
     watches = [ServiceWatch() for _ in out]
     for m, w in zip(out, watches):
       m.links.watch(w)
-    out[1].links.send({rendezvous_mod.SERVICE_UP: True})  # Relayed by client 0 to 2.
+    # Client 0 neither heeds it (it is not its own) nor relays it to client 2.
+    out[1].links.send({rendezvous_mod.SERVICE_UP: True})
     time.sleep(0.3)
     assert not any(w.listening.is_set() for w in watches)
   finally:
