@@ -64,7 +64,9 @@ class MultiClientTestError(AssertionError):
 
   Attributes:
     failures: Client -> ``(where, exception type, message, traceback)`` for
-      every client whose body (or set-up) raised.
+      every client whose body (or set-up) raised by itself: not one that
+      raised because another client had failed (exit code 75), unless no
+      client failed by itself.
     returncodes: Each client's exit code (negative: killed by that signal).
     summary: The first line of the message.
   """
@@ -408,8 +410,16 @@ def _failure(name: str, options: MultiClientOptions, timeout: float,
              err_lines: list[str]) -> MultiClientTestError:
   n = options.num_clients
   codes = result.returncodes or [None] * n
-  failures = {c: (r["stage"], r["type"], r["message"], r["traceback"])
-              for c, r in records.items() if r.get("status") == "error"}
+  raised = {c: (r["stage"], r["type"], r["message"], r["traceback"])
+            for c, r in records.items() if r.get("status") == "error"}
+  # A client that raised but left with code 75 raised because another client
+  # failed (a collective's "Connection reset by peer" once that client was
+  # gone): jdtensor's exit guard blamed the other client. It is reported as
+  # a consequence, unless no client failed by itself.
+  failures = {c: f for c, f in raised.items() if codes[c] != PEER_FAILURE_EXIT_CODE}
+  if not failures:
+    failures = raised
+  raised_after = {c: f for c, f in raised.items() if c not in failures}
   finished = [c for c in range(n) if records.get(c, {}).get("status") == "ok"]
   head: list[str] = []
   detail: list[str] = []
@@ -447,6 +457,10 @@ def _failure(name: str, options: MultiClientOptions, timeout: float,
                   f"{result.reason or 'exit code ' + str(result.exit_code)}.")
     for c, (stage, kind, message, text) in sorted(failures.items()):
       detail += [f"--- client {c} ---", text.rstrip()]
+    if raised_after:
+      detail.append("What the clients stopped as a consequence raised:")
+      detail += [f"  client {c}: {kind}: {_first_line(message)}"
+                 for c, (_, kind, message, _) in sorted(raised_after.items())]
   if result.reason:
     detail.append(result.reason)
   message = "\n".join(head + [""] + detail) if detail else "\n".join(head)

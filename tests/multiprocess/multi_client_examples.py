@@ -49,9 +49,13 @@ def test_only_client_2_fails():
   import jdtensor
   k = jdtensor.client_id()
   print(f"FAILING-TEST-PID {os.getpid()}", flush=True)
+  from jax.experimental import multihost_utils
+  # Every client has printed its pid before client 2 fails: start-up ends
+  # on each client at its own time, and a client still on its way here when
+  # client 2 fails is stopped before it prints.
+  multihost_utils.sync_global_devices("every pid printed")
   assert k != 2, f"wrong on purpose in client {k}"
   # The others wait for client 2 in a collective until jdtensor stops them.
-  from jax.experimental import multihost_utils
   multihost_utils.sync_global_devices("never reached by client 2")
   time.sleep(60)
   assert jax.process_count() == 4

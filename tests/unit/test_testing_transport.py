@@ -105,3 +105,61 @@ def test_the_decorator_keeps_the_signature_pytest_reads():
   assert fn.__name__ == "test_x" and options.num_clients == 3
   bare = multi_client(module_level)
   assert bare.jdtensor_multi_client[1] == MultiClientOptions()
+
+
+def _record(kind, message):
+  return {"status": "error", "stage": "body", "type": kind, "message": message,
+          "traceback": f"Traceback (most recent call last):\n{kind}: {message}\n"}
+
+
+_GLOO = "UNKNOWN: Gloo AllGather failed: Read error: Connection reset by peer"
+
+
+@pytest.mark.parametrize("codes,raised,head,failures", [
+    # Client 2 asserts; the others are stopped waiting (no exception).
+    ([75, 75, 1, 75], {2: "AssertionError"},
+     ["client 2: AssertionError: boom", "clients 0, 1, 3 stopped as a consequence."],
+     [2]),
+    # Client 2 asserts after a collective: client 0's next collective raises
+    # "Connection reset by peer", and its exit guard blames client 2 (code 75).
+    ([75, 75, 1, 75], {2: "AssertionError", 0: "ValueError"},
+     ["client 2: AssertionError: boom", "clients 0, 1, 3 stopped as a consequence."],
+     [2]),
+    # Stopped by the runner (heartbeat off), one of them after raising: only
+    # the heartbeat's code 75 blames another client, so its error is its own.
+    ([-15, -9, 1], {2: "AssertionError", 0: "KeyError"},
+     ["client 0: KeyError: boom", "client 2: AssertionError: boom",
+      "client 1 stopped as a consequence."], [0, 2]),
+    # Two clients fail by themselves: both are named.
+    ([1, 75, 1], {0: "KeyError", 2: "AssertionError"},
+     ["client 0: KeyError: boom", "client 2: AssertionError: boom",
+      "client 1 stopped as a consequence."], [0, 2]),
+    # Nobody failed by itself (every raiser left with 75): nothing is hidden.
+    ([75, 75], {0: "ValueError", 1: "ValueError"},
+     [f"client 0: ValueError: {_GLOO}", f"client 1: ValueError: {_GLOO}"], [0, 1]),
+])
+def test_the_report_names_the_clients_that_failed_by_themselves(codes, raised, head,
+                                                                failures):
+  from jdtensor import launcher, testing
+  records = {c: _record(kind, _GLOO if kind == "ValueError" else "boom")
+             for c, kind in raised.items()}
+  result = launcher.LaunchResult(returncodes=codes, exit_code=1,
+                                 reason="jdtensor launch: the summary")
+  error = testing._failure("test_x", MultiClientOptions(num_clients=len(codes)),
+                           60.0, result, records, [])
+  text = str(error)
+  lines = text.splitlines()
+  assert lines[:len(head)] == head and lines[len(head)] == "", text
+  assert sorted(error.failures) == failures
+  for c in failures:
+    assert f"--- client {c} ---" in lines, text
+  after = sorted(set(raised) - set(failures))
+  if after:
+    # What a consequence raised is kept, one line each, not as a failure.
+    i = lines.index("What the clients stopped as a consequence raised:")
+    assert lines[i + 1:i + 1 + len(after)] == [
+        f"  client {c}: ValueError: {_GLOO}" for c in after], text
+    assert all(f"--- client {c} ---" not in lines for c in after), text
+  else:
+    assert "What the clients stopped as a consequence raised:" not in text
+  assert lines[-1] == "jdtensor launch: the summary"
