@@ -126,13 +126,14 @@ def _check_device_type(device_type: str) -> str:
   return device_type.upper()
 
 
-_GPU_NODE = re.compile(r"nvidia(\d+)")
-_TPU_NODE = re.compile(r"accel(\d+)")
+# Compiled where used (re caches them): only a GPU or TPU count needs them.
+_GPU_NODE = r"nvidia(\d+)"
+_TPU_NODE = r"accel(\d+)"
 
 
-def _count_device_nodes(pattern: re.Pattern[str], directory: str = "/dev") -> int:
+def _count_device_nodes(pattern: str, directory: str = "/dev") -> int:
   try:
-    return sum(1 for n in os.listdir(directory) if pattern.fullmatch(n))
+    return sum(1 for n in os.listdir(directory) if re.fullmatch(pattern, n))
   except OSError:
     return 0
 
@@ -146,8 +147,7 @@ def _physical_device_count(device_type: str,
     return count if visible is None else min(count, visible)
   count = _count_device_nodes(_TPU_NODE)
   if not count:
-    vfio = re.compile(r"\d+")
-    count = _count_device_nodes(vfio, "/dev/vfio")
+    count = _count_device_nodes(r"\d+", "/dev/vfio")
   return count
 
 

@@ -210,7 +210,8 @@ def read_restart_count(environ: Mapping[str, str] | None = None) -> int:
   return int(raw) if INT_RE.fullmatch(raw) and not raw.startswith("-") else 0
 
 
-_TPU_SHAPE_RE = re.compile(r"\s*([0-9]+)x([0-9]+)x([0-9]+)x([0-9]+)\s*", re.ASCII)
+# Compiled where used (re caches it): only a TPU run reads the shape.
+_TPU_SHAPE_RE = r"\s*([0-9]+)x([0-9]+)x([0-9]+)x([0-9]+)\s*"
 
 
 def read_simulated_tpu_shape(environ: Mapping[str, str] | None = None
@@ -224,7 +225,7 @@ def read_simulated_tpu_shape(environ: Mapping[str, str] | None = None
   raw = environ_or_default(environ).get(JDTENSOR_SIMULATED_TPU_TOPOLOGY)
   if raw is None or not raw.strip():
     return None
-  match = _TPU_SHAPE_RE.fullmatch(raw)
+  match = re.fullmatch(_TPU_SHAPE_RE, raw, re.ASCII)
   name = JDTENSOR_SIMULATED_TPU_TOPOLOGY
   if not match or any(not 1 <= int(g) <= 1 << 16 for g in match.groups()):
     raise ConfigError(

@@ -214,6 +214,12 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
   if not state.multi_client or state.links is None or env is None:
     raise NotInitializedError("The heartbeat needs an initialised multi-client "
                               "run (DTENSOR_JOBS with several clients).")
+  if _env.read_report_dir():
+    # Loaded now, not on a verdict's path: a client's first verdict must not
+    # wait for an import (compiled from source where no bytecode is cached),
+    # nor race another thread's verdict while it does. Without a launcher to
+    # read reports it is never needed.
+    import jdtensor._report  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   exchange = LinkExchange(env.client_id, env.num_clients, state.links)
   heartbeat = Heartbeat(settings, env.client_id, env.num_clients, exchange=exchange,
                         peers=state.links, process=_ClientProcess(env.client_id),

@@ -801,3 +801,24 @@ def _wait_until(predicate, timeout=5.0):
   while not predicate():
     assert time.monotonic() < deadline, "timed out"
     time.sleep(0.01)
+
+
+@pytest.mark.parametrize("why", [
+    "heartbeat: client 2 missed beat 3 (reported by client 0)",
+    "heartbeat: client 2 missed beat 3 (reported by client 17)",
+    "heartbeat: client 2 missed beat 3",
+    "heartbeat: client 2 missed beat 3 (reported by client )",
+    "heartbeat: client 2 missed beat 3 (reported by client 0) ",
+    "heartbeat: client 2 missed beat 3 (reported by client x)",
+    "heartbeat: client 2 missed beat 3 (reported by client \u0663)",  # A non-ASCII digit.
+    "heartbeat: client 2 missed beat 3(reported by client 0)",
+    " (reported by client 0) and then more (reported by client 1)",
+    "(reported by client 0)",
+    "x (reported by client 0)\n",
+    "x (reported by client 0)\n\n",
+    "",
+])
+def test_a_relayed_verdict_is_recognised_as_the_report_module_does(why):
+  from jdtensor import _report
+  from jdtensor.heartbeat import protocol
+  assert protocol._reported_by_suffix(why) == bool(_report.REPORTED_BY.search(why))
