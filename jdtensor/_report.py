@@ -1,10 +1,11 @@
 """What a client tells its launcher, and the launcher's root cause.
 
-PURE: standard library only. One typed record (`Report`), written by the
-client (`jdtensor.heartbeat`) into ``JDTENSOR_REPORT_DIR`` and read back by
-the launcher (`jdtensor.launcher.supervisor`); one pure function of exit codes,
-reports and times (`root_cause`) that names the client the run failed
-because of; one function that words every summary line (`summary`).
+PURE: standard library and `jdtensor.errors` only. One typed record
+(`Report`), written by the client (`jdtensor.heartbeat`) into
+``JDTENSOR_REPORT_DIR`` and read back by the launcher
+(`jdtensor.launcher.supervisor`); one pure function of exit codes, reports
+and times (`root_cause`) that names the client the run failed because of;
+one function that words every summary line (`summary`).
 
 A client writes a report when it leaves with a failure of its own (a
 *departure*: an exception, a non-zero exit), or when its heartbeat reaches a
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
+
+from jdtensor.errors import without_reported_by
 
 __all__ = ["Report", "ClientEnd", "RootCause", "root_cause", "summary", "describe_exit",
            "mark_finished", "finished_clients", "CONSEQUENCE_EXIT_CODE"]
@@ -28,8 +30,6 @@ __all__ = ["Report", "ClientEnd", "RootCause", "root_cause", "summary", "describ
 # A client the heartbeat stopped because of another (jdtensor.errors'
 # PEER_FAILURE_EXIT_CODE, EX_TEMPFAIL): a consequence, never a root cause.
 CONSEQUENCE_EXIT_CODE = 75
-# The suffix a relayed verdict carries (said once, by the heartbeat).
-REPORTED_BY = re.compile(r" \(reported by client \d+\)$")
 
 
 def mark_finished(directory: str, client: int) -> None:
@@ -132,7 +132,7 @@ class Report(NamedTuple):
   def plain(self) -> str:
     """The reason as a summary line says it: no ``heartbeat:`` prefix, no
     relay suffix."""
-    return REPORTED_BY.sub("", self.why.removeprefix("heartbeat: "))
+    return without_reported_by(self.why.removeprefix("heartbeat: "))
 
   @property
   def own_reason(self) -> str | None:

@@ -74,3 +74,25 @@ class PeerFailureError(JDTensorError, RuntimeError):
   def __init__(self, message: str, client_ids: tuple[int, ...] = ()):
     super().__init__(message)
     self.client_ids = tuple(client_ids)
+
+
+# A heartbeat verdict relayed by the liveness links says once who found it:
+# "... (reported by client 3)" (`PeerFailureError`'s message and the launcher's
+# report carry it). Internal helpers, not in __all__: the heartbeat adds the
+# suffix, the launcher's summary takes it off.
+_REPORTED_BY = " (reported by client "
+
+
+def reported_by(why: str, client: int) -> str:
+  """`why` with the suffix naming `client` as the one that reported it."""
+  return f"{why}{_REPORTED_BY}{client})"
+
+
+def without_reported_by(why: str) -> str:
+  """`why` without its `reported_by` suffix (before a final newline, if
+  any), or unchanged when it has none."""
+  end = "\n" if why.endswith("\n") else ""
+  head, sep, tail = why[:len(why) - len(end)].rpartition(_REPORTED_BY)
+  if sep and tail.endswith(")") and tail[:-1].isdecimal():
+    return head + end
+  return why

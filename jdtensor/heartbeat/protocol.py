@@ -46,7 +46,8 @@ from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
-from jdtensor.errors import PEER_FAILURE_EXIT_CODE, PeerFailureError
+from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, PeerFailureError, reported_by,
+                             without_reported_by)
 
 __all__ = ["Heartbeat", "BeatLayout", "EXIT_CODE", "OWN_FAILURE_EXIT_CODE",
            "POLICIES", "FIRST_EXCHANGE_ALLOWANCE", "ROLL_CALL_GRACE",
@@ -81,16 +82,6 @@ def exit_grace_for(period: float) -> float:
   """Seconds a client at exit and a blocked waiter make a "left early"."""
   return max(3.0, 2.0 * period)
 
-
-
-def _reported_by_suffix(why: str) -> bool:
-  """Whether `why` ends as a relayed verdict does (`_report.REPORTED_BY`,
-  checked without the regex: `_report` is loaded only where a launcher reads
-  reports, `heartbeat._start`)."""
-  if why.endswith("\n"):
-    why = why[:-1]  # As the regex's ``$``.
-  _, sep, tail = why.rpartition(" (reported by client ")
-  return bool(sep) and tail.endswith(")") and tail[:-1].isdecimal()  # As \d.
 
 class BeatLayout:
   """Where each value sits in the beat vector of `n` clients."""
@@ -683,8 +674,8 @@ class Heartbeat:
       return
     # Named ourselves (e.g. we were frozen, or stalled): we are the root cause.
     # Said once: a relayed report already says who reported it first.
-    if not _reported_by_suffix(why):
-      why = f"{why} (reported by client {reporter})"
+    if without_reported_by(why) == why:
+      why = reported_by(why, reporter)
     self._fail(why, clients,
                exit_code=(OWN_FAILURE_EXIT_CODE if self.client_id in clients
                           else EXIT_CODE))

@@ -818,7 +818,10 @@ def _wait_until(predicate, timeout=5.0):
     "x (reported by client 0)\n\n",
     "",
 ])
-def test_a_relayed_verdict_is_recognised_as_the_report_module_does(why):
-  from jdtensor import _report
-  from jdtensor.heartbeat import protocol
-  assert protocol._reported_by_suffix(why) == bool(_report.REPORTED_BY.search(why))
+def test_the_relay_suffix_comes_off_exactly_as_its_regex_would(why):
+  import re
+
+  from jdtensor.errors import reported_by, without_reported_by
+  expected = re.sub(r" \(reported by client \d+\)$", "", why)
+  assert without_reported_by(why) == expected
+  assert without_reported_by(reported_by(why, 12)) == why
