@@ -10,9 +10,12 @@ Tests that need a different or fresh backend run in subprocesses
 """
 
 import atexit
+import gc
 import os
 
 import pytest
+
+from jdtensor.heartbeat import departure
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _SUITE_PID = os.getpid()
@@ -29,7 +32,12 @@ def _the_suite_never_ends_half_way(monkeypatch):
   def refuse(*args, **kwargs):
     if os.getpid() != _SUITE_PID:
       real_exit(*args, **kwargs)  # A forked child ends as it meant to.
-    raise AssertionError("a test reached os._exit or the exit handlers in the "
-                         "pytest process; replace them in the test")
+    raise AssertionError("a test reached os._exit, the exit handlers or "
+                         "gc.freeze in the pytest process; replace them in "
+                         "the test")
   monkeypatch.setattr(os, "_exit", refuse)
   monkeypatch.setattr(atexit, "_run_exitfuncs", refuse)
+  # A clean end's last step: frozen, the suite's objects would never be
+  # collected again.
+  monkeypatch.setattr(gc, "freeze", refuse)
+  monkeypatch.setattr(departure, "before_finalisation", refuse)

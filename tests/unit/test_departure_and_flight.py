@@ -408,17 +408,20 @@ def test_a_clean_end_with_a_live_background_thread_skips_python_s_finalisation(
 
 
 @pytest.mark.parametrize("clean, threads, dropped", [
-    (True, [], ["dropped"]),            # Python's own exit follows: drop.
+    (True, [], ["dropped", "frozen"]),  # Python's own exit follows: drop.
     (True, ["metrics-sync"], []),       # os._exit follows: nothing to free.
     (False, [], []),                    # A failure: JAX is detached, kept.
 ])
 def test_what_jdtensor_keeps_of_jax_is_dropped_only_at_a_clean_end(
     monkeypatch, clean, threads, dropped):
+  """Then, and only then, Python's finalisation follows, prepared by
+  `before_finalisation` (by default)."""
   monkeypatch.delattr(sys, "last_value", raising=False)
   calls = []
   g = departure_mod.ExitGuard(lambda d: clean, lambda: None,
                               threads_at_exit=lambda: threads,
-                              at_clean_end=lambda: calls.append("dropped"))
+                              at_clean_end=lambda: calls.append("dropped"),
+                              finalise=lambda: calls.append("frozen"))
   monkeypatch.setattr(g, "_exit_now", lambda code: None)
   g.run()
   g.run()
@@ -430,11 +433,14 @@ def test_an_error_while_dropping_what_jdtensor_keeps_never_changes_the_exit(monk
 
   def fails():
     raise RuntimeError("a cache that would not clear")
+  finalised = []
   g = departure_mod.ExitGuard(lambda d: True, lambda: pytest.fail("detached"),
-                              threads_at_exit=lambda: [], at_clean_end=fails)
+                              threads_at_exit=lambda: [], at_clean_end=fails,
+                              finalise=lambda: finalised.append(1))
   monkeypatch.setattr(g, "_exit_now", lambda code: pytest.fail("os._exit"))
   g.run()
   assert g.departure == departure_mod.Departure(0, "exited (code 0)", False)
+  assert finalised == [1]
 
 
 @pytest.mark.parametrize("flush", [True, False])
@@ -456,6 +462,59 @@ def test_a_file_never_closed_keeps_its_last_lines_when_the_process_skips_finalis
       """, timeout=60)
   assert res.returncode == 0, res.stderr
   assert path.read_text() == ("last line\n" if flush else "")
+
+
+# What Python's finalisation does at a clean end, with and without
+# `before_finalisation` (called in an exit handler, as jdtensor's calls it):
+# the same, but for objects left in a reference cycle by the module teardown,
+# whose ``__del__`` no longer runs (their files are flushed still). A cycle
+# that the exit handlers let go is collected as before.
+_FINALISATION = """
+    import atexit, gc, sys, tempfile, weakref
+    from jdtensor.heartbeat import departure
+
+    class Noisy:
+      def __init__(self, name):
+        self.name = name
+      def __del__(self):
+        print("del", self.name)
+
+    dropped = Noisy("dropped by an exit handler")
+    dropped.me = dropped
+    atexit.register(globals().pop, "dropped")  # Runs after jdtensor's.
+    if {jdtensor}:
+      atexit.register(departure.before_finalisation)
+    plain = Noisy("plain")                  # Freed at module teardown.
+    cyclic = Noisy("cyclic")
+    cyclic.me = cyclic                      # Only a collection frees it.
+    log = open({log!r}, "w")
+    log.write("global file\\n")           # Never closed.
+    holder = Noisy("holder")
+    holder.me, holder.file = holder, open({cyclic_log!r}, "w")
+    holder.file.write("file in a cycle\\n")
+    temp = tempfile.NamedTemporaryFile(dir={tmp!r}, delete=True)
+    temp_dir = tempfile.TemporaryDirectory(dir={tmp!r})
+    finalized = Noisy("finalized")
+    weakref.finalize(finalized, print, "finalize callback")
+    sys.stdout.write("buffered stdout\\n")  # A pipe: never flushed by hand.
+    """
+
+
+@pytest.mark.parametrize("jdtensor", [False, True], ids=["python", "jdtensor"])
+def test_a_clean_end_finalises_as_python_does_but_for_cycles(tmp_path, jdtensor):
+  log, cyclic_log = tmp_path / "log.txt", tmp_path / "cyclic.txt"
+  res = run_python(_FINALISATION.format(
+      jdtensor=jdtensor, log=str(log), cyclic_log=str(cyclic_log),
+      tmp=str(tmp_path)), timeout=60)
+  assert res.returncode == 0 and res.stderr == "", res
+  expected = {"buffered stdout", "finalize callback", "del plain", "del finalized",
+              "del dropped by an exit handler"}
+  if not jdtensor:
+    expected |= {"del cyclic", "del holder"}
+  assert sorted(res.stdout.splitlines()) == sorted(expected), res.stdout
+  assert log.read_text() == "global file\n"
+  assert cyclic_log.read_text() == "file in a cycle\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["cyclic.txt", "log.txt"]
 
 
 def test_flushing_at_exit_has_a_deadline_when_another_thread_holds_a_file():
