@@ -217,8 +217,9 @@ def _before_module_teardown(modules: list[Any]) -> None:
   """The objects alive now are frozen out of the garbage collector, the
   modules among them kept alive so that Python clears their globals, the
   open files flushed (the standard streams are Python's to flush: a failure
-  there is its to report, with exit code 120). No thread: at this point of
-  the finalisation none can start, and none other runs Python code."""
+  there is its to report, with exit code 120). On this thread: one started
+  now would never run (``Thread.start`` would wait for it for ever), and no
+  other thread runs Python code any more, so none holds a file's lock."""
   standard = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
   for stream in _file_objects():
     if not any(stream is s for s in standard):
