@@ -42,7 +42,6 @@ from __future__ import annotations
 import _io
 import atexit
 import gc
-import io
 import itertools
 import os
 import sys
