@@ -26,18 +26,28 @@ def _the_suite_never_ends_half_way(monkeypatch):
   """A test that reaches an exit path in this process (the exit handlers,
   ``os._exit``: a client's way out, tested with fakes) fails instead of
   ending the whole run there. Once a clean-end test reached jdtensor's real
-  ``os._exit(0)``: the run stopped after half its tests, with code 0."""
-  real_exit = os._exit
+  ``os._exit(0)``: the run stopped after half its tests, with code 0.
 
-  def refuse(*args, **kwargs):
-    if os.getpid() != _SUITE_PID:
-      real_exit(*args, **kwargs)  # A forked child ends as it meant to.
-    raise AssertionError("a test reached os._exit, the exit handlers or "
-                         "gc.freeze in the pytest process; replace them in "
-                         "the test")
-  monkeypatch.setattr(os, "_exit", refuse)
-  monkeypatch.setattr(atexit, "_run_exitfuncs", refuse)
-  # A clean end's last step: frozen, the suite's objects would never be
-  # collected again.
-  monkeypatch.setattr(gc, "freeze", refuse)
-  monkeypatch.setattr(departure, "before_finalisation", refuse)
+  A clean end's last step (`departure.before_finalisation`, `gc.freeze`) is
+  refused too: frozen, the suite's objects would never be collected again.
+  The exit guard swallows any error of that step (it must never change an
+  exit), so each refusal is also recorded and fails the test at its end."""
+  refused: list[str] = []
+
+  def refusing(name, real):
+    def refuse(*args, **kwargs):
+      if os.getpid() != _SUITE_PID:
+        return real(*args, **kwargs)  # A forked child does as it meant to.
+      refused.append(name)
+      raise AssertionError(f"a test reached {name} in the pytest process; "
+                           "replace it in the test")
+    return refuse
+  monkeypatch.setattr(os, "_exit", refusing("os._exit", os._exit))
+  monkeypatch.setattr(atexit, "_run_exitfuncs",
+                      refusing("the exit handlers", atexit._run_exitfuncs))
+  monkeypatch.setattr(gc, "freeze", refusing("gc.freeze", gc.freeze))
+  monkeypatch.setattr(departure, "before_finalisation",
+                      refusing("departure.before_finalisation",
+                               departure.before_finalisation))
+  yield
+  assert not refused, f"a test reached {refused} in the pytest process"

@@ -85,7 +85,7 @@ def test_run_leaves_once_and_detaches_only_when_unclean(monkeypatch):
   monkeypatch.delattr(sys, "last_value", raising=False)
   detached, exits = [], []
   clean = departure_mod.ExitGuard(lambda d: True, lambda: detached.append(1),
-                                  threads_at_exit=lambda: [])
+                                  threads_at_exit=lambda: [], finalise=lambda: None)
   clean.run()
   clean.run()
   assert detached == []
@@ -319,7 +319,7 @@ def test_a_lost_peer_failure_asks_whom_to_blame_before_leaving(monkeypatch):
   left.clear()
   g3 = departure_mod.ExitGuard(lambda d: left.append(d) or True, lambda: None,
                             blame_peer=lambda d: pytest.fail("asked"),
-                            threads_at_exit=lambda: [])
+                            threads_at_exit=lambda: [], finalise=lambda: None)
   g3.run()
   assert left == [departure_mod.Departure(0, "exited (code 0)", False)]
 
@@ -400,7 +400,7 @@ def test_the_background_threads_at_exit_are_the_live_ones_not_jdtensor_s():
 def test_a_clean_end_with_a_live_background_thread_skips_python_s_finalisation(
     monkeypatch, threads, exits):
   g = departure_mod.ExitGuard(lambda d: True, lambda: pytest.fail("detached"),
-                              threads_at_exit=lambda: threads)
+                              threads_at_exit=lambda: threads, finalise=lambda: None)
   ended = []
   monkeypatch.setattr(g, "_exit_now", ended.append)
   g.run()
