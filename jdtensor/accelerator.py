@@ -112,7 +112,10 @@ def initialize_accelerator_system(
       (``JDTENSOR_INIT_TIMEOUT``, default 120).
     coordination_timeout: Seconds JAX's coordination service waits for a
       silent client before declaring it dead (``JDTENSOR_COORDINATION_TIMEOUT``,
-      100). JAX's own heartbeat, not jdtensor's (`jdtensor.heartbeat`).
+      100). JAX's own heartbeat, not jdtensor's (`jdtensor.heartbeat`). A
+      short one shortens jdtensor's stuck time-out and period when those are
+      unset (``jax.distributed``'s ``heartbeat_timeout_seconds=5`` works
+      as is); unset, it is lengthened to fit a long ``JDTENSOR_STUCK_TIMEOUT``.
     shutdown_timeout: Seconds the exit barrier waits for the other clients
       (``JDTENSOR_SHUTDOWN_TIMEOUT``, 60).
     coordinator_bind_address: Host (or host:port) client 0's coordinator
@@ -189,9 +192,11 @@ def _initialize(device_type: str | None = None,
   set-up, then installs the exit guard and the heartbeat (multi-client)."""
   # Read the heartbeat settings first: a bad value must fail before the
   # cluster forms, not after; every client must have the same.
-  settings = _env.read_heartbeat_settings(
-      coordination=_env.read_timeouts(coordination=coordination_timeout).coordination,
-      coordination_name="coordination_timeout" if coordination_timeout is not None else None)
+  # A stuck time-out, period or coordination time-out left unset is derived
+  # from those set, so that JAX's shortened heartbeat (its own test harness
+  # passes 5 s) works with jdtensor's defaults.
+  settings, coordination_timeout = _env.read_heartbeat_and_coordination(
+      coordination=coordination_timeout)
   plan = _plan(device_type, num_logical_cpu_devices, experimental_reset_context,
                cluster, init_timeout, coordination_timeout, shutdown_timeout,
                coordinator_bind_address, cluster_detection, settings.handshake())

@@ -63,7 +63,9 @@ from jdtensor._env.runtime_env import (Timeouts, read_timeouts, read_bind_overri
                                        read_restart_count, read_user_runtime_dir,
                                        read_visible_gpu_limit, read_simulated_tpu_shape)
 from jdtensor._env.heartbeat_env import (HEARTBEAT_POLICIES, HeartbeatSettings,
-                                         read_heartbeat_settings)
+                                         STUCK_SHARE_OF_COORDINATION,
+                                         read_heartbeat_and_coordination,
+                                         read_heartbeat_settings, settle_timeouts)
 
 __all__ = [
     "DTENSOR_CLIENT_ID",
@@ -106,6 +108,9 @@ __all__ = [
     "HEARTBEAT_POLICIES",
     "HeartbeatSettings",
     "read_heartbeat_settings",
+    "read_heartbeat_and_coordination",
+    "settle_timeouts",
+    "STUCK_SHARE_OF_COORDINATION",
     "ClusterEnv",
     "parse_bool",
     "parse_int",

@@ -5,6 +5,7 @@ PURE: standard library only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -13,11 +14,13 @@ from jdtensor._env.names import (JDTENSOR_COORDINATION_TIMEOUT,
                                  JDTENSOR_STALL_KILL_ALL_WAITING,
                                  JDTENSOR_STALL_TIMEOUT, JDTENSOR_STRAGGLER_THRESHOLD,
                                  JDTENSOR_STRAGGLER_WINDOW, JDTENSOR_STUCK_TIMEOUT)
-from jdtensor._env.parse import MAX_TIMEOUT, environ_or_default, read_bool
-from jdtensor._env.runtime_env import _coordination_timeout_variable
+from jdtensor._env.parse import MAX_TIMEOUT, environ_or_default, parse_timeout, read_bool
+from jdtensor._env.runtime_env import Timeouts, _coordination_timeout_variable
 from jdtensor.errors import ConfigError
 
-__all__ = ["HEARTBEAT_POLICIES", "HeartbeatSettings", "read_heartbeat_settings"]
+__all__ = ["HEARTBEAT_POLICIES", "HeartbeatSettings", "STUCK_SHARE_OF_COORDINATION",
+           "read_heartbeat_and_coordination", "read_heartbeat_settings",
+           "settle_timeouts"]
 
 
 HEARTBEAT_POLICIES = ("terminate", "raise", "log")
@@ -86,25 +89,106 @@ def _seconds(name: str, raw: str, low: float, high: float, zero_ok: bool = False
   return value
 
 
-def _check_stuck_below_coordination(stuck: float, explicit: bool, period: float,
-                                    coordination: float, coordination_name: str | None,
-                                    env: Mapping[str, str]) -> None:
-  """A stopped (SIGSTOP) or frozen client is named by jdtensor after the
-  stuck time-out, and JAX's coordination service aborts every client from
-  C++ after the coordination time-out: the first must come first, or nobody
-  is ever named."""
-  if stuck < coordination:
-    return
-  name = coordination_name or _coordination_timeout_variable(env) or (
-      f"{JDTENSOR_COORDINATION_TIMEOUT} (default)")
-  what = (f"{JDTENSOR_STUCK_TIMEOUT}={env.get(JDTENSOR_STUCK_TIMEOUT)!r}" if explicit else
-          f"{JDTENSOR_STUCK_TIMEOUT} (default {stuck:g})")
+# A stuck time-out the user did not set is this share of a coordination
+# time-out they did set, when the default does not fit below it: 60 s against
+# JAX's default 100 s. The rest is the time jdtensor has to name the stuck
+# client (a roll call, a period or two) before JAX aborts every client.
+STUCK_SHARE_OF_COORDINATION = 0.6
+# A heartbeat period the user did not set is a quarter of the stuck time-out,
+# at most the default 2 s: a beat may take a period to start, and a stuck
+# client should miss more than one beat before it is named.
+_PERIODS_PER_STUCK_TIMEOUT = 4
+
+
+class _Setting(NamedTuple):
+  """A value and how the user gave it: ``shown`` names the variable or
+  argument with its raw text (``"JDTENSOR_STUCK_TIMEOUT='300'"``), or is None
+  when the value is jdtensor's default or derived from other settings."""
+  value: float
+  shown: str | None
+
+
+def settle_timeouts(stuck: _Setting | None, period: _Setting | None,
+                    coordination: _Setting | None
+                    ) -> tuple[float, float, float, list[str]]:
+  """The stuck time-out, the heartbeat period and JAX's coordination time-out
+  that fit together, each left unset derived from those set.
+
+  The rules, for a frozen client to be named before JAX aborts every client
+  and for a beat to have time to start (``stuck >= 2 * period``):
+
+  * stuck unset: the default 60 s, but at most `STUCK_SHARE_OF_COORDINATION`
+    of a coordination time-out that was set, and at least two periods that
+    were set;
+  * period unset: a quarter of the stuck time-out, at most 2 s;
+  * coordination unset: the default 100 s (JAX's), or the stuck time-out over
+    `STUCK_SHARE_OF_COORDINATION`, in whole seconds (what JAX takes), if that
+    is longer.
+
+  Only settings the user gave can contradict each other; then a `ConfigError`
+  names both, with their values and the fix.
+
+  Args:
+    stuck, period, coordination: What the user set (None: unset).
+
+  Returns:
+    (stuck, period, coordination, notes): the notes say, for the log, each
+    value derived from another setting rather than left at its default.
+  """
+  defaults = HeartbeatSettings()
+  notes: list[str] = []
+  coordination_value = (coordination.value if coordination is not None else
+                        Timeouts().coordination)
+  if stuck is not None:
+    stuck_value = stuck.value
+  else:
+    stuck_value = defaults.stuck_timeout
+    if coordination is not None and stuck_value >= coordination_value:
+      stuck_value = STUCK_SHARE_OF_COORDINATION * coordination_value
+      notes.append(f"{JDTENSOR_STUCK_TIMEOUT} {stuck_value:g} s, "
+                   f"{STUCK_SHARE_OF_COORDINATION:g} of {coordination.shown} (JAX "
+                   "aborts every client once one is silent that long; jdtensor must "
+                   "name a stuck client first)")
+    if period is not None and stuck_value < 2 * period.value:
+      stuck_value = 2 * period.value
+      notes.append(f"{JDTENSOR_STUCK_TIMEOUT} {stuck_value:g} s, two periods of "
+                   f"{period.shown}")
+  if period is not None:
+    period_value = period.value
+  else:
+    period_value = min(defaults.period, stuck_value / _PERIODS_PER_STUCK_TIMEOUT)
+    if period_value != defaults.period:
+      notes.append(f"{JDTENSOR_HEARTBEAT_PERIOD} {period_value:g} s, a quarter of "
+                   f"the stuck time-out")
+  if stuck is not None and period is not None and stuck_value < 2 * period_value:
+    raise ConfigError(
+        f"{stuck.shown} must be at least twice the heartbeat period "
+        f"({period.shown}): a beat may take a period to start. Set "
+        f"{JDTENSOR_STUCK_TIMEOUT} to at least {2 * period_value:g} or the period "
+        f"to at most {stuck_value / 2:g}.")
+  if stuck_value < coordination_value:
+    return stuck_value, period_value, coordination_value, notes
+  if coordination is None:
+    coordination_value = float(math.ceil(stuck_value / STUCK_SHARE_OF_COORDINATION))
+    notes.append(f"{JDTENSOR_COORDINATION_TIMEOUT} {coordination_value:g} s, the "
+                 f"stuck time-out over {STUCK_SHARE_OF_COORDINATION:g} (JAX's own "
+                 "heartbeat must outlast jdtensor's)")
+    return stuck_value, period_value, coordination_value, notes
+  if stuck is None:  # Two periods of a period that was set.
+    raise ConfigError(
+        f"{period.shown} needs a stuck time-out of at least {stuck_value:g} s "  # type: ignore[union-attr]
+        f"(two periods), which must be shorter than {coordination.shown}: JAX "
+        f"aborts every client {coordination_value:g} s after one stops answering, "
+        f"before jdtensor can name it. Set the period below "
+        f"{coordination_value / 2:g} or the coordination time-out above "
+        f"{stuck_value:g}.")
+  low = f" (at least {2 * period_value:g}, two heartbeat periods)" if period else ""
   raise ConfigError(
-      f"{what} must be shorter than {name}={coordination:g}: JAX aborts every "
-      f"client {coordination:g} s after one stops answering, before jdtensor can "
-      f"name it. Set {JDTENSOR_STUCK_TIMEOUT} below {coordination:g} (at least "
-      f"{2 * period:g}, two heartbeat periods) or the coordination time-out above "
-      f"{stuck:g}.")
+      f"{stuck.shown} must be shorter than {coordination.shown}: JAX aborts every "
+      f"client {coordination_value:g} s after one stops answering, before jdtensor "
+      f"can name it. Set {JDTENSOR_STUCK_TIMEOUT} below {coordination_value:g}{low} "
+      f"or the coordination time-out above {stuck_value:g}, or leave one of them "
+      "unset: jdtensor derives it from the other.")
 
 
 def read_heartbeat_settings(environ: Mapping[str, str] | None = None, *,
@@ -117,17 +201,66 @@ def read_heartbeat_settings(environ: Mapping[str, str] | None = None, *,
   Args:
     environ: The variables (default ``os.environ``).
     period, policy: Arguments that win over their variables.
-    coordination: JAX's coordination time-out, when known: the stuck
-      time-out must be shorter (a frozen process stops JAX's heartbeat too,
-      and JAX then aborts every client first).
+    coordination: JAX's coordination time-out in force (already started):
+      the stuck time-out must be shorter (a frozen process stops JAX's
+      heartbeat too, and JAX then aborts every client first), and a stuck
+      time-out left unset is derived below it.
     coordination_name: The argument that gave `coordination`, for messages.
 
   Raises:
-    ConfigError: For a value out of range, a stuck time-out shorter than two
-      periods or not shorter than the coordination time-out; the message
-      names the variable (or argument).
+    ConfigError: For a value out of range, or settings the user gave that
+      contradict each other (see `settle_timeouts`); the message names the
+      variables (or arguments).
   """
   env = environ_or_default(environ)
+  if coordination is None:
+    return _read(env, period, policy, None)[0]
+  name = coordination_name or _coordination_timeout_variable(env)
+  shown = (f"{name}={coordination:g}" if name is not None else
+           f"the coordination time-out in force ({coordination:g} s)")
+  return _read(env, period, policy, _Setting(coordination, shown))[0]
+
+
+def read_heartbeat_and_coordination(environ: Mapping[str, str] | None = None, *,
+                                    coordination: float | None = None
+                                    ) -> tuple[HeartbeatSettings, float]:
+  """Before start-up: the heartbeat's settings and JAX's coordination time-out,
+  each left unset derived from those set (`settle_timeouts`), and the
+  derivations logged once.
+
+  Args:
+    environ: The variables (default ``os.environ``).
+    coordination: The ``coordination_timeout`` argument, which wins over
+      ``JDTENSOR_COORDINATION_TIMEOUT``.
+
+  Returns:
+    (settings, coordination time-out to give JAX).
+
+  Raises:
+    ConfigError: As `read_heartbeat_settings`, and for a bad coordination
+      time-out.
+  """
+  env = environ_or_default(environ)
+  given: _Setting | None = None
+  if coordination is not None:
+    given = _Setting(parse_timeout("coordination_timeout", coordination),
+                     f"coordination_timeout={coordination!r}")
+  else:
+    variable = _coordination_timeout_variable(env)
+    if variable is not None:
+      given = _Setting(parse_timeout(variable, env[variable]),
+                       f"{variable}={env[variable]!r}")
+  settings, coordination_value, notes = _read(env, None, None, given)
+  if notes:
+    import logging  # pylint: disable=g-import-not-at-top
+    logging.getLogger("jdtensor").info(
+        "jdtensor: derived from what was set: %s.", "; ".join(notes))
+  return settings, coordination_value
+
+
+def _read(env: Mapping[str, str], period: float | None, policy: str | None,
+          coordination: _Setting | None
+          ) -> tuple[HeartbeatSettings, float, list[str]]:
   defaults = HeartbeatSettings()
 
   def pick(name: str, arg: object) -> tuple[str, str] | None:
@@ -137,23 +270,19 @@ def read_heartbeat_settings(environ: Mapping[str, str] | None = None, *,
     raw = env.get(name)
     return None if raw is None else (name, raw)
   got = pick(JDTENSOR_HEARTBEAT_PERIOD, period)
-  period_value = (defaults.period if got is None else
-                  _seconds(got[0], got[1], *_PERIOD_RANGE))
+  period_set = None if got is None else _Setting(
+      _seconds(got[0], got[1], *_PERIOD_RANGE), f"{got[0]}={got[1]!r}")
   got = pick(JDTENSOR_HEARTBEAT_POLICY, policy)
   policy_value = defaults.policy if got is None else got[1].strip().lower()
   if got is not None and policy_value not in HEARTBEAT_POLICIES:
     raise ConfigError(f"{got[0]}={got[1]!r} is not one of "
                       f"{', '.join(HEARTBEAT_POLICIES)}.")
   raw = env.get(JDTENSOR_STUCK_TIMEOUT)
-  stuck = (max(defaults.stuck_timeout, 2 * period_value) if raw is None else
-           _seconds(JDTENSOR_STUCK_TIMEOUT, raw, 1.0, MAX_TIMEOUT))
-  if coordination is not None:
-    _check_stuck_below_coordination(stuck, raw is not None, period_value, coordination,
-                                    coordination_name, env)
-  if stuck < 2 * period_value:
-    raise ConfigError(
-        f"{JDTENSOR_STUCK_TIMEOUT}={raw!r} must be at least twice the heartbeat "
-        f"period ({period_value:g} s): a beat may take a period to start.")
+  stuck_set = None if raw is None else _Setting(
+      _seconds(JDTENSOR_STUCK_TIMEOUT, raw, 1.0, MAX_TIMEOUT),
+      f"{JDTENSOR_STUCK_TIMEOUT}={raw!r}")
+  stuck, period_value, coordination_value, notes = settle_timeouts(
+      stuck_set, period_set, coordination)
   raw = env.get(JDTENSOR_STALL_TIMEOUT)
   stall = (defaults.stall_timeout if raw is None else
            _seconds(JDTENSOR_STALL_TIMEOUT, raw, 1.0, MAX_TIMEOUT, zero_ok=True))
@@ -167,7 +296,7 @@ def read_heartbeat_settings(environ: Mapping[str, str] | None = None, *,
       period=period_value, policy=policy_value, stuck_timeout=stuck,
       stall_timeout=stall,
       stall_kill_all_waiting=read_bool(JDTENSOR_STALL_KILL_ALL_WAITING, False, env),
-      straggler_threshold=threshold, straggler_window=window)
+      straggler_threshold=threshold, straggler_window=window), coordination_value, notes
 
 
 def _percent(name: str, raw: str) -> float:

@@ -136,7 +136,8 @@ ENV_CASES = [
     ("stuck-timeout-short", {"JDTENSOR_HEARTBEAT_PERIOD": "2",
                              "JDTENSOR_STUCK_TIMEOUT": "1"},
      "ConfigError: JDTENSOR_STUCK_TIMEOUT='1' must be at least twice the heartbeat "
-     "period (2 s): a beat may take a period to start."),
+     "period (JDTENSOR_HEARTBEAT_PERIOD='2'): a beat may take a period to start. Set "
+     "JDTENSOR_STUCK_TIMEOUT to at least 4 or the period to at most 0.5."),
     ("stall-timeout", {"JDTENSOR_STALL_TIMEOUT": "-1"},
      "ConfigError: JDTENSOR_STALL_TIMEOUT='-1' must be 0 (off) or a number of "
      "seconds from 1 to 604800."),

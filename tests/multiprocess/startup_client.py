@@ -209,6 +209,29 @@ def scenario_seed_tpu_init():
                       jdtensor.num_global_devices("TPU")])
 
 
+def scenario_jax_harness_timeouts():
+  """As JAX's own multi-process harness starts (jax/_src/test_multiprocess.py:
+  heartbeat_timeout_seconds=5, shutdown 30 s, initialisation 60 s), with no
+  jdtensor setting of its own: the heartbeat's follow from JAX's."""
+  import logging
+  logging.basicConfig(level=logging.INFO)
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import jdtensor
+  from jdtensor import heartbeat, runtime
+  jdtensor.initialize_accelerator_system(
+      "CPU", coordination_timeout=5, shutdown_timeout=30, init_timeout=60)
+  hb = heartbeat.current()
+  result("heartbeat", [hb.ready.wait(30), hb.settings.stuck_timeout, hb.settings.period])
+  result("coordination", runtime.state().timeouts.coordination)
+  mesh = jax.make_mesh((jax.device_count(),), ("x",))
+  x = jax.make_array_from_process_local_data(
+      jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")),
+      np.full((jax.local_device_count(),), jax.process_index() + 1.0, np.float32))
+  result("psum", float(jax.jit(jnp.sum)(x)))
+
+
 def scenario_init_only():
   import jdtensor
   jdtensor.initialize_accelerator_system("CPU")

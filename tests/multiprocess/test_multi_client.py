@@ -1,6 +1,7 @@
 """Real multi-client runs: real processes, JAX's coordination service, gloo."""
 
 import io
+import sys
 import time
 
 import pytest
@@ -19,7 +20,7 @@ def run_launcher(monkeypatch, n, devices, scenario, timeout=120):
   for k, v in TEST_TIMEOUTS.items():
     monkeypatch.setenv(k, v)
   out, err = io.StringIO(), io.StringIO()
-  spec = launcher.LaunchSpec(command=("python3", CLIENT, scenario), num_clients=n,
+  spec = launcher.LaunchSpec(command=(sys.executable, CLIENT, scenario), num_clients=n,
                              devices_per_client=devices, timeout=timeout)
   res = launcher.launch(spec, out=out, err=err)
   return res, out.getvalue(), err.getvalue()
@@ -88,6 +89,29 @@ def test_four_clients_one_device(monkeypatch):
   assert [r[t]["local_ids"] for t in range(4)] == [[0], [1], [2], [3]]
   assert all(r[t]["psum"] == 10.0 and r[t]["matmul_ok"] for t in range(4))
   assert r[3]["jax_mesh_process_order"] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_jax_harness_short_coordination_timeout_starts_with_jdtensors_defaults(devices):
+  """JAX's own multi-process harness shortens JAX's heartbeat to 5 s and sets
+  nothing of jdtensor's: the stuck time-out and period follow it (3 s, 0.75 s),
+  said once in the log, and the run works."""
+  out, err = io.StringIO(), io.StringIO()
+  res = launcher.launch(launcher.LaunchSpec(
+      command=(sys.executable, CLIENT, "jax_harness_timeouts"), num_clients=2,
+      devices_per_client=devices, timeout=90), out=out, err=err,
+      env=clean_env())
+  out, err = out.getvalue(), err.getvalue()
+  assert res.exit_code == 0, out + err
+  r = parse_results(out)
+  for c in (0, 1):
+    assert r[c]["heartbeat"] == [True, 3.0, 0.75], out
+    assert r[c]["coordination"] == 5.0
+    assert r[c]["psum"] == devices * 3.0
+  derived = ("jdtensor: derived from what was set: JDTENSOR_STUCK_TIMEOUT 3 s, 0.6 of "
+             "coordination_timeout=5")
+  for c in (0, 1):
+    assert err.count(f"[client {c}] INFO:jdtensor:{derived}") == 1, err
 
 
 def test_legacy_dtensor_initialize_multi_client(monkeypatch):

@@ -190,10 +190,11 @@ def test_a_stuck_timeout_not_below_the_coordination_timeout_is_refused_at_startu
   assert time.monotonic() - start < 20
   assert res.exit_code == 1, res.reason
   message = ("ConfigError: JDTENSOR_STUCK_TIMEOUT='300' must be shorter than "
-             "JDTENSOR_COORDINATION_TIMEOUT=10: JAX aborts every client 10 s after one "
+             "JDTENSOR_COORDINATION_TIMEOUT='10': JAX aborts every client 10 s after one "
              "stops answering, before jdtensor can name it. Set JDTENSOR_STUCK_TIMEOUT "
              "below 10 (at least 0.4, two heartbeat periods) or the coordination "
-             "time-out above 300.")
+             "time-out above 300, or leave one of them unset: jdtensor derives it "
+             "from the other.")
   # The client that failed first says it (the launcher may stop the other
   # before it prints the same line).
   assert res.first_failure in (0, 1), res.reason
