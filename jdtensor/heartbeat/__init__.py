@@ -61,7 +61,7 @@ from typing import IO, Any
 from jdtensor import _env, runtime
 from jdtensor import _logging as logging
 from jdtensor.errors import NotInitializedError, PeerFailureError
-from jdtensor.heartbeat.departure import Departure, ExitGuard
+from jdtensor.heartbeat.departure import Departure, ExitGuard, SystemExitWatch
 from jdtensor.heartbeat.exchange import LinkExchange
 from jdtensor.heartbeat.flight import AT_EXIT, MainThreadRecorder, format_stacks
 from jdtensor.heartbeat.interfaces import ProcessHooks
@@ -376,7 +376,8 @@ def install_exit_guard(at_clean_end: Callable[[], None] | None = None) -> None:
       if links is not None:
         links.notice(text)
     _guard = ExitGuard(leave, jax_private.detach_from_jax_shutdown, thread_died,
-                       blame_peer, at_clean_end=at_clean_end)
+                       blame_peer, at_clean_end=at_clean_end,
+                       exit_watch=SystemExitWatch())
     _guard.install()
     _install_stack_dump_signal()
 

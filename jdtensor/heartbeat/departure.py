@@ -32,9 +32,15 @@ its open files are flushed (see `ExitGuard.run`), with the client's own exit
 code. When they do, Python finalises the process as usual, but for the
 garbage collections of its module teardown (see `before_finalisation`).
 
-Limits: ``raise SystemExit(n)`` written directly, without ``sys.exit``, is
-seen as code 0; ``os._exit`` and signals run no exit handler (the liveness
-links see the process end).
+Python 3.12 and newer: `SystemExitWatch` reads the code of any
+``SystemExit`` that ends the script (``raise SystemExit(n)``, the ``exit()``
+and ``quit()`` builtins, ``sys.exit`` from C) with ``sys.monitoring``, and a
+``sys.exit(n)`` caught and survived is not taken for the process's end.
+
+Limits: on Python 3.11, ``raise SystemExit(n)`` written directly, without
+``sys.exit``, is seen as code 0 (3.11 keeps no record of it for exit
+handlers); ``os._exit`` and signals run no exit handler (the liveness links
+see the process end).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from typing import Any, NamedTuple
 from jdtensor import _jaxlib_texts
 
 __all__ = ["AFTER_EXIT_HANDLERS", "Departure", "ExitGuard", "FLUSH_DEADLINE",
+           "SystemExitWatch",
            "background_threads", "before_finalisation", "describe_exception",
            "flush_open_files", "lost_a_peer", "never_joined"]
 
@@ -244,6 +251,90 @@ def _status_code(status: Any) -> int:
   return 1
 
 
+class SystemExitWatch:
+  """The ``SystemExit`` ending the main thread, seen by ``sys.monitoring``
+  (Python 3.12+), however it was raised.
+
+  Python runs the exit handlers after a ``SystemExit`` ended the script, and
+  keeps no record of it for them; ``sys.exit`` can be wrapped, but not
+  ``raise SystemExit(n)`` or the ``exit()`` builtin. ``sys.monitoring``
+  reports each exception raised (again in each frame it passes through),
+  re-raised after a ``finally`` or ``with``, and handled. The watch keeps the
+  main thread's ``SystemExit`` objects raised and not yet handled; at exit,
+  the oldest of them is the one that ended the script (one an exit handler
+  raises and catches later comes and goes).
+
+  The callbacks run only when an exception is raised or handled (no code is
+  instrumented), in a free tool id (3 or 4; none of the ids Python names for
+  debuggers, coverage, profilers and optimisers). Where none is free, or on
+  Python 3.11, `start` returns False and `ExitGuard` falls back to its
+  ``sys.exit`` wrapper.
+  """
+
+  TOOL_IDS = (3, 4)
+  TOOL_NAME = "jdtensor exit code"
+
+  def __init__(self) -> None:
+    self._outstanding: dict[int, BaseException] = {}
+    self._tool: int | None = None
+
+  @property
+  def active(self) -> bool:
+    return self._tool is not None
+
+  def start(self) -> bool:
+    """Starts watching; False where ``sys.monitoring`` is absent or no tool
+    id is free."""
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is None or self._tool is not None:
+      return self._tool is not None
+    for tool in self.TOOL_IDS:
+      if monitoring.get_tool(tool) is None:
+        break
+    else:
+      return False
+    monitoring.use_tool_id(tool, self.TOOL_NAME)
+    outstanding = self._outstanding
+    main = threading.main_thread().ident
+
+    def raised(code: Any, offset: int, error: BaseException) -> None:
+      del code, offset
+      if isinstance(error, SystemExit) and threading.get_ident() == main:
+        outstanding[id(error)] = error  # Re-raised: back in, in its old place.
+
+    def handled(code: Any, offset: int, error: BaseException) -> None:
+      del code, offset
+      if isinstance(error, SystemExit):
+        outstanding.pop(id(error), None)
+    events = monitoring.events
+    monitoring.register_callback(tool, events.RAISE, raised)
+    monitoring.register_callback(tool, events.RERAISE, raised)
+    monitoring.register_callback(tool, events.EXCEPTION_HANDLED, handled)
+    monitoring.set_events(tool, events.RAISE | events.RERAISE | events.EXCEPTION_HANDLED)
+    self._tool = tool
+    return True
+
+  def stop(self) -> None:
+    """Gives the tool id back (tests; a process keeps watching to its end)."""
+    if self._tool is None:
+      return
+    monitoring = sys.monitoring  # type: ignore[attr-defined]
+    monitoring.set_events(self._tool, 0)
+    for event in (monitoring.events.RAISE, monitoring.events.RERAISE,
+                  monitoring.events.EXCEPTION_HANDLED):
+      monitoring.register_callback(self._tool, event, None)
+    monitoring.free_tool_id(self._tool)
+    self._tool = None
+    self._outstanding.clear()
+
+  def ending(self) -> SystemExit | None:
+    """The ``SystemExit`` ending the main thread, or None (the script ended
+    normally, or a ``SystemExit`` it raised was caught)."""
+    for error in self._outstanding.values():
+      return error  # type: ignore[return-value]
+    return None
+
+
 class ExitGuard:
   """Installs the exit hooks of one client and runs its way out.
 
@@ -273,6 +364,9 @@ class ExitGuard:
       (every client finishing, no background thread left): drops what
       jdtensor keeps of JAX.
     finalise: Called after `at_clean_end`; `before_finalisation` by default.
+    exit_watch: Reads how the script ended where ``sys.monitoring`` exists
+      (`SystemExitWatch`, started by `install`); without one, or where it
+      cannot start, the ``sys.exit`` wrapper's record is used.
   """
 
   def __init__(self, on_leave: Callable[[Departure], bool],
@@ -281,8 +375,10 @@ class ExitGuard:
                blame_peer: Callable[[Departure], Departure] | None = None,
                threads_at_exit: Callable[[], list[str]] = background_threads,
                at_clean_end: Callable[[], None] | None = None,
-               finalise: Callable[[], None] | None = None):
+               finalise: Callable[[], None] | None = None,
+               exit_watch: SystemExitWatch | None = None):
     self._on_leave = on_leave
+    self.exit_watch = exit_watch
     self._at_clean_end = at_clean_end
     self._finalise = finalise
     self._threads_at_exit = threads_at_exit
@@ -319,6 +415,8 @@ class ExitGuard:
     sys.exit = exit
     self._real_thread_hook = threading.excepthook
     threading.excepthook = self._thread_exception
+    if self.exit_watch is not None:
+      self.exit_watch.start()
     atexit.register(self.run)
     real_register, real_unregister = atexit.register, atexit.unregister
     self._real_unregister = real_unregister
@@ -357,10 +455,12 @@ class ExitGuard:
       return Departure(code, f"failed: {describe_exception(error)}", True,
                        peer_lost=lost_a_peer(error) or join_wait is not None,
                        join_wait=join_wait)
-    if self.exit_called:
-      code = _status_code(self.exit_status)
-      return Departure(code, f"exited (code {code})", code != 0)
-    return Departure(0, "exited (code 0)", False)
+    if self.exit_watch is not None and self.exit_watch.active:
+      ending = self.exit_watch.ending()
+      code = 0 if ending is None else _status_code(ending.code)
+    else:
+      code = _status_code(self.exit_status) if self.exit_called else 0
+    return Departure(code, f"exited (code {code})", code != 0)
 
   def run(self) -> None:
     """The exit handler: announce, then agree or detach.

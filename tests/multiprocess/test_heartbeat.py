@@ -6,6 +6,7 @@ Standard JAX collectives beside it: tests/multiprocess/test_invisible.py.
 import io
 import os
 import re
+import sys
 import signal
 import time
 
@@ -77,7 +78,7 @@ def test_launcher_reports_the_killed_client(monkeypatch):
           "time.sleep(30)\n")
   start = time.monotonic()
   res = launcher.launch(launcher.LaunchSpec(
-      command=("python3", "-c", code), num_clients=3, timeout=60, grace=10),
+      command=(sys.executable, "-c", code), num_clients=3, timeout=60, grace=10),
       out=out, err=err)
   assert res.first_failure == 1, err.getvalue()
   assert res.reason.startswith("jdtensor launch: client 1 was killed by SIGKILL")

@@ -1,6 +1,7 @@
 """Simulated TPU pods: real processes, the real psum merge, ring-ordered meshes."""
 
 import io
+import sys
 
 import pytest
 
@@ -19,7 +20,7 @@ def run_pod(monkeypatch, topology, clients, devices):
   monkeypatch.setenv("JDTENSOR_SIMULATED_TPU_TOPOLOGY", topology)
   out, err = io.StringIO(), io.StringIO()
   res = launcher.launch(launcher.LaunchSpec(
-      command=("python3", CLIENT, "tpu"), num_clients=clients,
+      command=(sys.executable, CLIENT, "tpu"), num_clients=clients,
       devices_per_client=devices, timeout=120), out=out, err=err)
   assert res.exit_code == 0, out.getvalue() + err.getvalue()
   return parse_results(out.getvalue())

@@ -43,6 +43,71 @@ def test_sys_exit_records_the_code(guard, status, code, failed):
       code, f"exited (code {code})", failed)
 
 
+MONITORING = hasattr(sys, "monitoring")  # Python 3.12+.
+
+# How a script ends -> (the code its departure announces and the process's
+# exit code on 3.12+, the same on 3.11, which sees only sys.exit calls).
+_ENDINGS = {
+    "sys-exit": ("sys.exit(3)", (3, 3), (3, 3)),
+    "raise-SystemExit": ("raise SystemExit(3)", (3, 3), (0, 3)),
+    "exit-builtin": ("exit(4)", (4, 4), (0, 4)),
+    "through-finally-and-with": (
+        "import contextlib\n"
+        "def inner():\n  raise SystemExit(5)\n"
+        "def outer():\n  try:\n    with contextlib.nullcontext():\n      inner()\n"
+        "  finally:\n    pass\n"
+        "outer()", (5, 5), (0, 5)),
+    "sys-exit-caught": (
+        "try:\n  sys.exit(7)\nexcept SystemExit:\n  pass", (0, 0), (7, 0)),
+    "sys-exit-False": ("sys.exit(False)", (0, 0), (0, 0)),
+    "a-later-handler-raises-and-catches": (
+        "def handler():\n  try:\n    raise SystemExit(9)\n  except SystemExit:\n"
+        "    pass\n"
+        "atexit.register(handler)\nraise SystemExit(2)", (2, 2), (0, 2)),
+    # A live background thread: the guard ends the process itself, with the
+    # departure's code (3.11 cannot see the bare raise: its code is lost).
+    "raise-with-a-live-thread": (
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "raise SystemExit(6)", (6, 6), (0, 0)),
+    "ends-normally": ("pass", (0, 0), (0, 0)),
+}
+
+
+@pytest.mark.parametrize("ending", list(_ENDINGS))
+def test_every_way_a_script_ends_gives_its_exit_code(ending):
+  body, modern, old = _ENDINGS[ending]
+  announced, rc = modern if MONITORING else old
+  res = run_python(
+      "import atexit, sys, threading, time\n"
+      "from jdtensor.heartbeat import departure\n"
+      "g = departure.ExitGuard(lambda d: print('DEPARTURE', d.code, flush=True) or True,\n"
+      "                        lambda: None, finalise=lambda: None,\n"
+      "                        exit_watch=departure.SystemExitWatch())\n"
+      "g.install()\n"
+      f"print('WATCHING', g.exit_watch.active, flush=True)\n{body}\n", timeout=30)
+  assert res.stdout.splitlines() == [f"WATCHING {MONITORING}",
+                                     f"DEPARTURE {announced}"], res
+  assert res.returncode == rc, res
+
+
+def test_the_exit_watch_takes_a_free_tool_id_and_gives_it_back():
+  if not MONITORING:
+    assert departure_mod.SystemExitWatch().start() is False
+    return
+  watch = departure_mod.SystemExitWatch()
+  assert watch.start() and sys.monitoring.get_tool(3) == "jdtensor exit code"
+  other = departure_mod.SystemExitWatch()
+  assert other.start() and sys.monitoring.get_tool(4) == "jdtensor exit code"
+  assert not departure_mod.SystemExitWatch().start()  # None left: the wrapper serves.
+  try:
+    raise SystemExit(3)
+  except SystemExit:
+    pass
+  assert watch.ending() is None
+  watch.stop(), other.stop()
+  assert sys.monitoring.get_tool(3) is None and sys.monitoring.get_tool(4) is None
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_sys_exit_in_another_thread_is_not_the_process_exit(guard):
   t = threading.Thread(target=lambda: sys.exit(5))
