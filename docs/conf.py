@@ -1,6 +1,6 @@
 """Sphinx configuration: MyST Markdown pages, an API reference from the docstrings.
 
-Build (warnings are errors, as in CI): ``bash tests/other_envs.sh docs``, or
+Build (warnings are errors, as in CI): ``bash tests/envs.sh docs``, or
 ``pip install -e '.[docs]' && sphinx-build -W --keep-going -b html docs docs/_build/html``.
 """
 import os

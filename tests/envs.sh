@@ -1,61 +1,131 @@
 #!/usr/bin/env bash
-# The suite's two other environments, each in its own throw-away virtual
-# environment (the README's test command runs this after the main suite):
+# The whole suite, each part in its own throw-away virtual environment, so
+# that CI tests both ends of the supported range (pyproject.toml's pin, also
+# `runtime/jax_private.TESTED_RANGE`) and the Pythons between them. The
+# README's test command is `bash tests/envs.sh`; `.ci/run` runs it.
 #
-# 1. The oldest supported JAX (the lower end of pyproject.toml's pin, also
-#    `runtime/jax_private.TESTED_RANGE`): the pure, single-process and start-up
-#    tests, and the multi-client tests that touch each private JAX symbol
-#    (start-up, the heartbeat on the liveness links, failure verdicts,
-#    JAX's own view). The full suite passes there too (measured; see CONTRIBUTING.md,
+# 1. newest: the main suite (`python -m pytest -q`, every test) on the newest
+#    Python with the newest JAX: Python 3.13, jax/jaxlib $NEWEST_JAX.
+# 2. oldest: the oldest JAX, $OLDEST_JAX, on Python 3.11 (the default python
+#    here; JAX dropped 3.11 with 0.11): the pure, single-process and start-up
+#    tests, and the multi-client tests that touch each private JAX symbol or
+#    depend on the Python version (start-up, the heartbeat on the liveness
+#    links, failure verdicts, JAX's own view, the launcher, jdtensor.testing).
+#    The full suite passes there too (measured; see CONTRIBUTING.md,
 #    "Supported JAX versions"), but twice the full suite would not fit CI's
 #    30 minutes on 2 cores.
-# 2. The integration extra (flax, optax, orbax, Keras 3, grain: never
-#    jdtensor's dependencies): tests/integration, and test_invisible.py's
-#    orbax checkpoint test.
-# 3. The docs extra (Sphinx, MyST, the theme): the documentation site built
-#    with warnings as errors (a broken link, a missing include, a docstring
-#    Sphinx cannot read fail it). The examples the pages show run in the
-#    main suite (tests/test_docs.py).
+# 3. integration: flax, optax, orbax, Keras 3 and grain (never jdtensor's
+#    dependencies) on Python 3.12 with jax/jaxlib $MIDDLE_JAX: tests/integration,
+#    and test_invisible.py's orbax checkpoint test.
+# 4. docs: the documentation site built with warnings as errors (a broken
+#    link, a missing include, a docstring Sphinx cannot read fail it). The
+#    examples the pages show run in the main suite (tests/test_docs.py).
 #
-# Usage: bash tests/other_envs.sh [oldest|integration|docs]... (default: all three).
+# An interpreter that is missing is said in the output (a NOTE line), and the
+# part runs on the default python instead.
+#
+# Usage: bash tests/envs.sh [newest|oldest|integration|docs]... (default: all four).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OLDEST_JAX=$(python - <<'EOF'
+NEWEST_JAX=0.12.0.1
+MIDDLE_JAX=0.11.2
+OLDEST_JAX=$(python3 - <<'PY'
 import re
 text = open("pyproject.toml").read()
 print(re.search(r'"jax>=([0-9.]+),', text).group(1))
-EOF
+PY
 )
 ROOT="${JDTENSOR_ENVS_DIR:-${TMPDIR:-/tmp}/jdtensor-envs}"
 mkdir -p "$ROOT"
 
-make_env() {  # make_env NAME PIP-ARGS...: a fresh venv with jdtensor in it.
-  local venv="$ROOT/$1"; shift
+find_python() {  # find_python 3.13: a working interpreter of that version, or nothing.
+  local version=$1 candidate
+  # On PATH: a pyenv shim is there even when its version is not selected,
+  # and then fails; only one that runs counts.
+  if candidate=$(command -v "python$version") && "$candidate" -c "" 2>/dev/null; then
+    echo "$candidate"; return
+  fi
+  if command -v pyenv >/dev/null 2>&1; then
+    local installed
+    installed=$(pyenv versions --bare 2>/dev/null | grep -E "^${version//./\\.}(\.[0-9]+)?$" \
+                | sort -V | tail -n 1 || true)
+    if [ -n "$installed" ] && candidate=$(PYENV_VERSION=$installed pyenv which "python$version" \
+                                           2>/dev/null) && [ -x "$candidate" ]; then
+      echo "$candidate"; return
+    fi
+  fi
+  for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$version"*/bin/"python$version" \
+                   /usr/local/bin/"python$version" /usr/bin/"python$version"; do
+    if [ -x "$candidate" ]; then echo "$candidate"; return; fi
+  done
+}
+
+interpreter() {  # interpreter 3.13 PART: that Python, or the default with a NOTE.
+  local found
+  found=$(find_python "$1")
+  if [ -n "$found" ]; then echo "$found"; return; fi
+  echo "NOTE: tests/envs.sh $2: no Python $1 found (python$1 on PATH, pyenv, /usr/bin);" \
+       "running on the default $(python3 --version 2>&1) instead: Python $1 is NOT tested." >&2
+  command -v python3
+}
+
+make_env() {  # make_env NAME PYTHON PIP-ARGS...: a fresh venv with jdtensor in it.
+  local venv="$ROOT/$1" python=$2; shift 2
   rm -rf "$venv"
-  python -m venv "$venv"
+  "$python" -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 \
     | grep -v -e "^WARNING: Location" -e "^WARNING: Running pip as" || true
   "$venv/bin/python" -c "import jdtensor" >/dev/null
 }
 
+jax_pins() {  # jax_pins VERSION PYTHON: pins JAX where that Python can have it.
+  if "$2" -c "import sys; sys.exit(sys.version_info < (3, 12))"; then
+    echo "jax==$1 jaxlib==$1"
+  else  # JAX >= 0.11 needs Python >= 3.12: the newest JAX this Python can have.
+    echo "NOTE: tests/envs.sh: jax $1 needs Python 3.12 or newer; $("$2" --version 2>&1)" \
+         "gets the newest JAX it can have instead." >&2
+  fi
+}
+
+say_versions() {  # say_versions VENV: the Python and JAX it tests, all symbols found.
+  "$1/bin/python" -c "import sys, jax; from jdtensor.runtime import jax_private as p; \
+assert not p.MISSING, p.MISSING; \
+print('+ Python', sys.version.split()[0], '+ jax', jax.__version__, '- all private symbols found')"
+}
+
+run_newest() {
+  local start=$SECONDS python
+  python=$(interpreter 3.13 newest)
+  echo "+ newest: the main suite on the newest Python and JAX ($NEWEST_JAX)"
+  # shellcheck disable=SC2046
+  make_env newest "$python" $(jax_pins "$NEWEST_JAX" "$python") -e '.[test]'
+  say_versions "$ROOT/newest"
+  "$ROOT/newest/bin/python" -m pytest -q -p no:cacheprovider
+  echo "+ newest: $((SECONDS - start)) s"
+}
+
 run_oldest() {
-  local start=$SECONDS
-  echo "+ the oldest supported JAX: jax==$OLDEST_JAX"
-  make_env "jax-$OLDEST_JAX" "jax==$OLDEST_JAX" "jaxlib==$OLDEST_JAX" -e '.[test]'
-  "$ROOT/jax-$OLDEST_JAX/bin/python" -c \
-    "import jax; from jdtensor.runtime import jax_private as p; assert not p.MISSING, p.MISSING; print('jax', jax.__version__, '- all private symbols found')"
-  "$ROOT/jax-$OLDEST_JAX/bin/python" -m pytest -q -p no:cacheprovider \
+  local start=$SECONDS python
+  python=$(interpreter 3.11 oldest)
+  echo "+ oldest: the oldest supported JAX, jax==$OLDEST_JAX"
+  make_env oldest "$python" "jax==$OLDEST_JAX" "jaxlib==$OLDEST_JAX" -e '.[test]'
+  say_versions "$ROOT/oldest"
+  "$ROOT/oldest/bin/python" -m pytest -q -p no:cacheprovider \
     tests/unit tests/jax_single tests/test_architecture.py \
     tests/multiprocess/test_multi_client.py tests/multiprocess/test_invisible.py \
     tests/multiprocess/test_failure_modes.py tests/multiprocess/test_device_count.py \
-    tests/multiprocess/test_heartbeat.py tests/multiprocess/test_jaxlib_texts.py
-  echo "+ oldest JAX: $((SECONDS - start)) s"
+    tests/multiprocess/test_heartbeat.py tests/multiprocess/test_jaxlib_texts.py \
+    tests/multiprocess/test_launcher.py tests/multiprocess/test_testing.py
+  echo "+ oldest: $((SECONDS - start)) s"
 }
 
 run_integration() {
-  local start=$SECONDS
-  echo "+ the integration extra (flax, optax, orbax, Keras 3, grain)"
-  make_env integration -e '.[test,integration]'
+  local start=$SECONDS python
+  python=$(interpreter 3.12 integration)
+  echo "+ integration: flax, optax, orbax, Keras 3, grain (jax $MIDDLE_JAX)"
+  # shellcheck disable=SC2046
+  make_env integration "$python" $(jax_pins "$MIDDLE_JAX" "$python") -e '.[test,integration]'
+  say_versions "$ROOT/integration"
   KERAS_BACKEND=jax "$ROOT/integration/bin/python" -m pytest -q -p no:cacheprovider \
     tests/integration "tests/multiprocess/test_invisible.py::test_orbax_checkpoint_manager_beside_the_heartbeat"
   echo "+ integration: $((SECONDS - start)) s"
@@ -63,20 +133,21 @@ run_integration() {
 
 run_docs() {
   local start=$SECONDS
-  echo "+ the docs extra: sphinx-build -W (warnings are errors)"
-  make_env docs -e '.[docs]'
+  echo "+ docs: sphinx-build -W (warnings are errors)"
+  make_env docs "$(command -v python3)" -e '.[docs]'
   rm -rf "$ROOT/docs-html"
   "$ROOT/docs/bin/sphinx-build" -W --keep-going -q -b html docs "$ROOT/docs-html"
   echo "+ docs: built in $ROOT/docs-html, $((SECONDS - start)) s"
 }
 
-for part in "${@:-oldest integration docs}"; do
+for part in "${@:-newest oldest integration docs}"; do
   for p in $part; do
     case "$p" in
+      newest) run_newest ;;
       oldest) run_oldest ;;
       integration) run_integration ;;
       docs) run_docs ;;
-      *) echo "tests/other_envs.sh: unknown part '$p' (oldest, integration, docs)" >&2; exit 2 ;;
+      *) echo "tests/envs.sh: unknown part '$p' (newest, oldest, integration, docs)" >&2; exit 2 ;;
     esac
   done
 done

@@ -331,13 +331,32 @@ def test_environment_names_and_reads_live_in_env():
 
 def test_the_tested_jax_range_is_pinned_once():
   """pyproject.toml pins exactly `runtime.jax_private.TESTED_RANGE` (what the warning
-  for a missing private symbol quotes), and CI tests its lower end."""
+  for a missing private symbol quotes), the README's install line and
+  CONTRIBUTING say the same, and CI (tests/envs.sh, the README's test command)
+  tests its lower end, a version between, and the newest release below its
+  upper bound."""
+  import re  # pylint: disable=g-import-not-at-top
   tree = ast.parse((PACKAGE / PRIVATE_JAX).read_text())
   tested = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
                 and getattr(node.targets[0], "id", None) == "TESTED_RANGE")
-  pyproject = (PACKAGE.parent / "pyproject.toml").read_text()
+  root = PACKAGE.parent
+  pyproject = (root / "pyproject.toml").read_text()
   assert f'"jax{tested}"' in pyproject and f'"jaxlib{tested}"' in pyproject
-  assert "tests/other_envs.sh" in (PACKAGE.parent / "README.md").read_text()
+  readme, contributing = (root / "README.md").read_text(), (root / "CONTRIBUTING.md").read_text()
+  assert f"jax and jaxlib {tested}," in readme
+  assert f"jax and jaxlib `{tested}`" in contributing
+  command = readme.split("<!-- test-command -->")[1].split("```")[1]
+  assert "bash tests/envs.sh" in command, command
+  low, high = re.fullmatch(r">=([0-9.]+),<([0-9.]+)", tested).groups()
+  envs = (root / "tests" / "envs.sh").read_text()
+  newest = re.search(r"^NEWEST_JAX=([0-9.]+)$", envs, re.M).group(1)
+  middle = re.search(r"^MIDDLE_JAX=([0-9.]+)$", envs, re.M).group(1)
+
+  def version(text):
+    return tuple(int(part) for part in text.split("."))
+  assert version(low) < version(middle) < version(newest) < version(high)
+  # The newest is of the minor release just below the upper bound.
+  assert version(newest)[:2] == (version(high)[0], version(high)[1] - 1), newest
 
 
 def test_every_jaxlib_text_has_a_probe_that_exists():

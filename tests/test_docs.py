@@ -5,7 +5,7 @@ the pages include (`literalinclude`); its docstring says how to run it
 (``Run:``), what its output must contain (``Expect:``) and, when it is not 0,
 its exit code (``Exit:``). The README's example is one of those files,
 word for word. The docs build itself (Sphinx, warnings as errors) runs in its
-own environment: ``bash tests/other_envs.sh docs``.
+own environment: ``bash tests/envs.sh docs``.
 """
 
 from __future__ import annotations
