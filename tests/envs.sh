@@ -69,13 +69,36 @@ interpreter() {  # interpreter 3.13 PART: that Python, or the default with a NOT
   command -v python3
 }
 
-make_env() {  # make_env NAME PYTHON PIP-ARGS...: a fresh venv with jdtensor in it.
-  local venv="$ROOT/$1" python=$2; shift 2
+make_env() {  # make_env NAME PYTHON EXTRAS PINS...: a fresh venv with jdtensor in it.
+  local venv="$ROOT/$1" python=$2 extras=$3; shift 3
   rm -rf "$venv"
   "$python" -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 \
-    | grep -v -e "^WARNING: Location" -e "^WARNING: Running pip as" || true
+  # jdtensor's dependencies (and the extras') first: several environments are
+  # built at once, and only this step is long.
+  local deps
+  mapfile -t deps < <(python3 - "$extras" <<'PY'
+import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+wanted = project["dependencies"] + [
+    dep for extra in sys.argv[1].split(",") if extra
+    for dep in project["optional-dependencies"][extra]]
+print("\n".join(wanted))
+PY
+)
+  pip_install "$venv" "$@" "${deps[@]}"
+  # Then jdtensor itself, editable, one environment at a time: setuptools
+  # writes jdtensor.egg-info into the checkout.
+  flock "$ROOT/.editable.lock" "$venv/bin/pip" install -q --disable-pip-version-check \
+    --no-deps -e . >"$venv.editable.log" 2>&1 || { cat "$venv.editable.log"; return 1; }
   "$venv/bin/python" -c "import jdtensor" >/dev/null
+}
+
+pip_install() {  # pip_install VENV ARGS...: a failed install fails the part.
+  local venv=$1; shift
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check "$@" >"$venv.pip.log" 2>&1; then
+    cat "$venv.pip.log"; return 1
+  fi
+  grep -v -e "^WARNING: Location" -e "^WARNING: Running pip as" "$venv.pip.log" || true
 }
 
 jax_pins() {  # jax_pins VERSION PYTHON: pins JAX where that Python can have it.
@@ -87,6 +110,22 @@ jax_pins() {  # jax_pins VERSION PYTHON: pins JAX where that Python can have it.
   fi
 }
 
+build_env() {  # build_env PART: that part's venv (run in the background, see below).
+  local python
+  case "$1" in
+    newest) python=$(interpreter 3.13 newest)
+            # shellcheck disable=SC2046
+            make_env newest "$python" test $(jax_pins "$NEWEST_JAX" "$python") ;;
+    oldest) python=$(interpreter 3.11 oldest)
+            make_env oldest "$python" test "jax==$OLDEST_JAX" "jaxlib==$OLDEST_JAX" ;;
+    integration) python=$(interpreter 3.12 integration)
+            # shellcheck disable=SC2046
+            make_env integration "$python" test,integration \
+              $(jax_pins "$MIDDLE_JAX" "$python") ;;
+    docs) make_env docs "$(command -v python3)" docs ;;
+  esac
+}
+
 say_versions() {  # say_versions VENV: the Python and JAX it tests, all symbols found.
   "$1/bin/python" -c "import sys, jax; from jdtensor.runtime import jax_private as p; \
 assert not p.MISSING, p.MISSING; \
@@ -94,21 +133,13 @@ print('+ Python', sys.version.split()[0], '+ jax', jax.__version__, '- all priva
 }
 
 run_newest() {
-  local start=$SECONDS python
-  python=$(interpreter 3.13 newest)
   echo "+ newest: the main suite on the newest Python and JAX ($NEWEST_JAX)"
-  # shellcheck disable=SC2046
-  make_env newest "$python" $(jax_pins "$NEWEST_JAX" "$python") -e '.[test]'
   say_versions "$ROOT/newest"
   "$ROOT/newest/bin/python" -m pytest -q -p no:cacheprovider
-  echo "+ newest: $((SECONDS - start)) s"
 }
 
 run_oldest() {
-  local start=$SECONDS python
-  python=$(interpreter 3.11 oldest)
   echo "+ oldest: the oldest supported JAX, jax==$OLDEST_JAX"
-  make_env oldest "$python" "jax==$OLDEST_JAX" "jaxlib==$OLDEST_JAX" -e '.[test]'
   say_versions "$ROOT/oldest"
   "$ROOT/oldest/bin/python" -m pytest -q -p no:cacheprovider \
     tests/unit tests/jax_single tests/test_architecture.py \
@@ -116,38 +147,57 @@ run_oldest() {
     tests/multiprocess/test_failure_modes.py tests/multiprocess/test_device_count.py \
     tests/multiprocess/test_heartbeat.py tests/multiprocess/test_jaxlib_texts.py \
     tests/multiprocess/test_launcher.py tests/multiprocess/test_testing.py
-  echo "+ oldest: $((SECONDS - start)) s"
 }
 
 run_integration() {
-  local start=$SECONDS python
-  python=$(interpreter 3.12 integration)
   echo "+ integration: flax, optax, orbax, Keras 3, grain (jax $MIDDLE_JAX)"
-  # shellcheck disable=SC2046
-  make_env integration "$python" $(jax_pins "$MIDDLE_JAX" "$python") -e '.[test,integration]'
   say_versions "$ROOT/integration"
   KERAS_BACKEND=jax "$ROOT/integration/bin/python" -m pytest -q -p no:cacheprovider \
     tests/integration "tests/multiprocess/test_invisible.py::test_orbax_checkpoint_manager_beside_the_heartbeat"
-  echo "+ integration: $((SECONDS - start)) s"
 }
 
 run_docs() {
-  local start=$SECONDS
   echo "+ docs: sphinx-build -W (warnings are errors)"
-  make_env docs "$(command -v python3)" -e '.[docs]'
   rm -rf "$ROOT/docs-html"
   "$ROOT/docs/bin/sphinx-build" -W --keep-going -q -b html docs "$ROOT/docs-html"
-  echo "+ docs: built in $ROOT/docs-html, $((SECONDS - start)) s"
+  echo "+ docs: built in $ROOT/docs-html"
 }
 
+parts=()
 for part in "${@:-newest oldest integration docs}"; do
   for p in $part; do
     case "$p" in
-      newest) run_newest ;;
-      oldest) run_oldest ;;
-      integration) run_integration ;;
-      docs) run_docs ;;
+      newest|oldest|integration|docs) parts+=("$p") ;;
       *) echo "tests/envs.sh: unknown part '$p' (newest, oldest, integration, docs)" >&2; exit 2 ;;
     esac
   done
+done
+
+# Every part's environment first, all at once: installing is mostly waiting
+# on the network and the disk, and no test runs beside it (the multi-client
+# tests' timings are measured on an otherwise idle machine).
+start=$SECONDS
+echo "+ building the environments of: ${parts[*]} (in $ROOT)"
+pids=()
+for p in "${parts[@]}"; do
+  build_env "$p" >"$ROOT/$p.build.log" 2>&1 &
+  pids+=($!)
+done
+failed=0
+for i in "${!parts[@]}"; do
+  if ! wait "${pids[$i]}"; then
+    echo "tests/envs.sh: building the ${parts[$i]} environment failed:" >&2
+    cat "$ROOT/${parts[$i]}.build.log" >&2
+    failed=1
+  else
+    grep -e "^NOTE" "$ROOT/${parts[$i]}.build.log" || true  # An interpreter missing.
+  fi
+done
+[ "$failed" = 0 ] || exit 1
+echo "+ environments built in $((SECONDS - start)) s"
+
+for p in "${parts[@]}"; do
+  start=$SECONDS
+  "run_$p"
+  echo "+ $p: $((SECONDS - start)) s"
 done
