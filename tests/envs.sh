@@ -86,10 +86,11 @@ print("\n".join(wanted))
 PY
 )
   pip_install "$venv" "$@" "${deps[@]}"
-  # Then jdtensor itself, editable, one environment at a time: setuptools
-  # writes jdtensor.egg-info into the checkout.
+  # Then jdtensor itself, editable, one environment at a time (setuptools
+  # writes jdtensor.egg-info into the checkout), as a user installs it beside
+  # the JAX they have: `say_versions` checks that JAX was kept.
   flock "$ROOT/.editable.lock" "$venv/bin/pip" install -q --disable-pip-version-check \
-    --no-deps -e . >"$venv.editable.log" 2>&1 || { cat "$venv.editable.log"; return 1; }
+    -e ".[$extras]" >"$venv.editable.log" 2>&1 || { cat "$venv.editable.log"; return 1; }
   "$venv/bin/python" -c "import jdtensor" >/dev/null
 }
 
@@ -126,21 +127,30 @@ build_env() {  # build_env PART: that part's venv (run in the background, see be
   esac
 }
 
-say_versions() {  # say_versions VENV: the Python and JAX it tests, all symbols found.
-  "$1/bin/python" -c "import sys, jax; from jdtensor.runtime import jax_private as p; \
-assert not p.MISSING, p.MISSING; \
-print('+ Python', sys.version.split()[0], '+ jax', jax.__version__, '- all private symbols found')"
+say_versions() {  # say_versions VENV [JAX]: the Python and JAX it tests (that JAX,
+                 # kept by jdtensor's install where its Python can have it).
+  "$1/bin/python" - "${2:-}" <<'PY'
+import sys
+import jax
+from jdtensor.runtime import jax_private as p
+assert not p.MISSING, p.MISSING
+wanted = sys.argv[1]
+if wanted and (sys.version_info >= (3, 12) or wanted.startswith(("0.9.", "0.10."))):
+  assert (jax.__version__, p.JAXLIB_VERSION) == (wanted, wanted), (jax.__version__, wanted)
+print("+ Python", sys.version.split()[0], "+ jax", jax.__version__,
+      "- all private symbols found")
+PY
 }
 
 run_newest() {
   echo "+ newest: the main suite on the newest Python and JAX ($NEWEST_JAX)"
-  say_versions "$ROOT/newest"
+  say_versions "$ROOT/newest" "$NEWEST_JAX"
   "$ROOT/newest/bin/python" -m pytest -q -p no:cacheprovider
 }
 
 run_oldest() {
   echo "+ oldest: the oldest supported JAX, jax==$OLDEST_JAX"
-  say_versions "$ROOT/oldest"
+  say_versions "$ROOT/oldest" "$OLDEST_JAX"
   "$ROOT/oldest/bin/python" -m pytest -q -p no:cacheprovider \
     tests/unit tests/jax_single tests/test_architecture.py \
     tests/multiprocess/test_multi_client.py tests/multiprocess/test_invisible.py \
@@ -151,7 +161,7 @@ run_oldest() {
 
 run_integration() {
   echo "+ integration: flax, optax, orbax, Keras 3, grain (jax $MIDDLE_JAX)"
-  say_versions "$ROOT/integration"
+  say_versions "$ROOT/integration" "$MIDDLE_JAX"
   KERAS_BACKEND=jax "$ROOT/integration/bin/python" -m pytest -q -p no:cacheprovider \
     tests/integration "tests/multiprocess/test_invisible.py::test_orbax_checkpoint_manager_beside_the_heartbeat"
 }
