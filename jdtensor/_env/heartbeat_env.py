@@ -137,8 +137,9 @@ def settle_timeouts(stuck: _Setting | None, period: _Setting | None,
   """
   defaults = HeartbeatSettings()
   notes: list[str] = []
-  coordination_value = (coordination.value if coordination is not None else
-                        Timeouts().coordination)
+  # JAX takes its heartbeat time-out in whole seconds (startup rounds up).
+  coordination_value = (float(math.ceil(coordination.value)) if coordination is not None
+                        else Timeouts().coordination)
   if stuck is not None:
     stuck_value = stuck.value
   else:

@@ -51,6 +51,9 @@ def test_configuration_checks():
     ({PERIOD: "40"}, None, (80, 40, 100)),
     ({PERIOD: "90"}, None, (180, 90, 300)),
     ({STUCK: "8", PERIOD: "0.2", COORDINATION: "10"}, None, (8, 0.2, 10)),  # Tests'.
+    # JAX takes whole seconds: 0.01 s is 1 s there, and the derivation follows.
+    ({COORDINATION: "0.01"}, None, (0.6, 0.15, 1)),
+    ({COORDINATION: "4.5"}, None, (3, 0.75, 5)),
 ], ids=lambda v: repr(v) if not isinstance(v, dict) else ",".join(
     f"{k.split('_')[-2].lower()}={x}" for k, x in v.items()) or "nothing-set")
 def test_unset_timeouts_follow_those_set(env, argument, expected):
