@@ -69,13 +69,17 @@ def get_parser() -> argparse.ArgumentParser:
       "launch", help="run N local DTensor clients of a command",
       description="Run N local clients with DTENSOR_* set; stop all when one "
       "fails. Example: jdtensor launch -n 4 --devices-per-client 2 -- python train.py")
-  launch.add_argument("-n", "--num-clients", type=_positive_int, default=2,
-                      help="number of clients (default 2)")
+  launch.add_argument("-n", "--num-clients", type=_positive_int, default=None,
+                      help="number of clients on this node (default 2; with "
+                      "--device-type GPU, one per GPU)")
   launch.add_argument("--devices-per-client", type=_positive_int, default=None,
-                      help="simulated CPU devices per client (default: the count "
-                      "the environment gives JAX, JAX_NUM_CPU_DEVICES or XLA_FLAGS="
-                      "--xla_force_host_platform_device_count=N, else 1; given "
-                      "both ways, they must agree)")
+                      help="CPU: simulated CPU devices per client (default: the "
+                      "count the environment gives JAX, JAX_NUM_CPU_DEVICES or "
+                      "XLA_FLAGS=--xla_force_host_platform_device_count=N, else 1; "
+                      "given both ways, they must agree). GPU: GPUs per client, "
+                      "from the node's CUDA_VISIBLE_DEVICES, else its GPUs "
+                      "(default: split evenly); each client gets its own as "
+                      "CUDA_VISIBLE_DEVICES")
   launch.add_argument("--device-type", default="CPU", type=str.upper,
                       choices=list(DEVICE_TYPES), help="default CPU")
   launch.add_argument("--port", type=_positive_int, default=None,
@@ -173,7 +177,9 @@ def _launch(args: argparse.Namespace) -> int:
     if args.nnodes > 1:  # The nodes share the secret the user set (or none).
       extra["secret"] = _env.read_run_secret()
     spec = launcher.LaunchSpec(
-        command=tuple(cmd), num_clients=args.num_clients,
+        command=tuple(cmd),
+        num_clients=(args.num_clients if args.num_clients is not None or
+                     args.device_type == "GPU" else 2),
         devices_per_client=args.devices_per_client, device_type=args.device_type,
         port=args.port, timeout=args.timeout, grace=args.grace,
         nnodes=args.nnodes, node_rank=args.node_rank,

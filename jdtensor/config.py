@@ -17,11 +17,9 @@ one JAX runs with.
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Mapping
 
-from jdtensor import _env, runtime
+from jdtensor import _device_nodes, _env, runtime
 from jdtensor.device_spec import DEVICE_TYPES, DeviceSpec
 
 __all__ = [
@@ -126,29 +124,14 @@ def _check_device_type(device_type: str) -> str:
   return device_type.upper()
 
 
-# Compiled where used (re caches them): only a GPU or TPU count needs them.
-_GPU_NODE = r"nvidia(\d+)"
-_TPU_NODE = r"accel(\d+)"
-
-
-def _count_device_nodes(pattern: str, directory: str = "/dev") -> int:
-  try:
-    return sum(1 for n in os.listdir(directory) if re.fullmatch(pattern, n))
-  except OSError:
-    return 0
-
-
 def _physical_device_count(device_type: str,
                            environ: Mapping[str, str] | None = None) -> int:
   """GPUs/TPUs attached to this host, found without starting a backend."""
   if device_type == "GPU":
-    count = _count_device_nodes(_GPU_NODE)
+    count = _device_nodes.gpu_node_count()
     visible = _env.read_visible_gpu_limit(environ)
     return count if visible is None else min(count, visible)
-  count = _count_device_nodes(_TPU_NODE)
-  if not count:
-    count = _count_device_nodes(r"\d+", "/dev/vfio")
-  return count
+  return _device_nodes.tpu_node_count()
 
 
 def num_local_devices(device_type: str) -> int:
@@ -196,8 +179,23 @@ def local_devices(device_type: str,
 
 
 def preferred_device_type() -> str:
-  """TPU if present, else GPU if present, else CPU."""
-  for device_type in ("TPU", "GPU"):
-    if num_local_devices(device_type):
+  """The device type JAX will use: TPU if present, else GPU if present, else
+  CPU; where JAX is limited to some platforms (``JAX_PLATFORMS``, or
+  ``jax.config.jax_platforms``), the first of them this host has, in their
+  order (``JAX_PLATFORMS=cpu`` on a GPU machine is a CPU run). Never starts a
+  backend.
+
+  A listed platform this host does not have is passed over; when none is
+  present, the first listed (JAX will fail to start it, and
+  `initialize_accelerator_system` says so).
+  """
+  platforms = runtime.jax_platforms()
+  if platforms is None:
+    candidates = ["TPU", "GPU"]
+  else:
+    candidates = list(dict.fromkeys(_env.PLATFORM_DEVICE_TYPES[p] for p in platforms
+                                    if p in _env.PLATFORM_DEVICE_TYPES))
+  for device_type in candidates:
+    if device_type == "CPU" or num_local_devices(device_type):
       return device_type
-  return "CPU"
+  return candidates[0] if candidates and platforms is not None else "CPU"

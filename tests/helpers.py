@@ -275,3 +275,36 @@ def launch_clients(command: list[str], n: int, devices: int = 1,
       timeout=timeout, grace=grace), out=out, err=err,
       env=clean_env(**{**TEST_TIMEOUTS, **env}))
   return res, out.getvalue(), err.getvalue(), time.monotonic()
+
+
+# A private mount namespace whose /dev is a tmpfs with the host's everyday
+# nodes bound back in and `count` fake NVIDIA device nodes added: what a GPU
+# node shows a process before JAX starts (jdtensor counts /dev/nvidia<N>).
+_FAKE_GPU_NODE = r"""
+set -e
+real=$(mktemp -d)
+mount --bind /dev "$real"
+mount -t tmpfs tmpfs /dev
+for n in null zero random urandom full tty ptmx shm pts; do
+  if [ -d "$real/$n" ]; then mkdir "/dev/$n"; mount --bind "$real/$n" "/dev/$n"
+  elif [ -e "$real/$n" ]; then touch "/dev/$n"; mount --bind "$real/$n" "/dev/$n"; fi
+done
+ln -s /proc/self/fd /dev/fd
+i=0
+while [ "$i" -lt "$FAKE_GPUS" ]; do touch "/dev/nvidia$i"; i=$((i + 1)); done
+touch /dev/nvidiactl
+exec "$@"
+"""
+
+
+def fake_gpu_node_command(count: int, command: list[str]) -> list[str]:
+  """`command` run on a faked GPU node: `count` fake ``/dev/nvidia<N>`` nodes
+  in a private mount namespace (the host's /dev is untouched). Skips the
+  test where mount namespaces cannot be made (no root, no ``unshare``)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  if shutil.which("unshare") is None or subprocess.run(
+      ["unshare", "-m", "true"], capture_output=True, timeout=10).returncode != 0:
+    pytest.skip("needs a private mount namespace (root and unshare) to fake GPU nodes")
+  return ["env", f"FAKE_GPUS={count}", "unshare", "-m", "sh", "-c", _FAKE_GPU_NODE,
+          "sh", *command]

@@ -18,12 +18,12 @@ PRIVATE_JAX = "runtime/jax_private.py"
 MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if str(p.relative_to(PACKAGE)) != PRIVATE_JAX)
 # The launcher's parent process and the pure layers: not even numpy.
-STDLIB_ONLY = ["launcher", "launcher.spec", "launcher.processes", "launcher.output",
+STDLIB_ONLY = ["launcher", "launcher.gpus", "launcher.spec", "launcher.processes", "launcher.output",
                "launcher.supervisor", "launcher.meeting", "launcher.nodes", "_report", "_wire",
                "_status",
                "_jaxlib_texts",
                "cli", "_env", "cluster", "errors",
-               "device_spec", "_logging", "testing", "testing._transport"]
+               "device_spec", "_device_nodes", "_logging", "testing", "testing._transport"]
 
 
 def _top_level_imports(path):
@@ -164,7 +164,7 @@ def test_bad_env_errors_do_not_start_a_backend():
 LAYERS = [
     ("the floor", ["errors", "_env.names", "_env.parse", "_env.cluster_env",
                    "_env.runtime_env", "_env.heartbeat_env", "_env", "_logging",
-                   "_deadline", "device_spec", "_wire",
+                   "_deadline", "device_spec", "_device_nodes", "_wire",
                    "_jaxlib_texts",
                    "_report", "_status", "cluster"]),
     ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),
@@ -179,7 +179,7 @@ LAYERS = [
     ("heartbeat", ["heartbeat"]),
     ("DTensor's face", ["config", "api", "mesh_util", "tpu.mesh", "tpu.system",
                         "accelerator"]),
-    ("the launcher", ["launcher.spec", "launcher.processes", "launcher.output",
+    ("the launcher", ["launcher.gpus", "launcher.spec", "launcher.processes", "launcher.output",
                       "launcher.supervisor", "launcher.meeting", "launcher.nodes", "launcher"]),
     ("tools", ["cli", "demo", "__main__", "testing", "testing._transport",
                "testing._client", "testing.pytest_plugin"]),

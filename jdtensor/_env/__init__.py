@@ -47,7 +47,9 @@ from jdtensor._env.names import (DTENSOR_CLIENT_ID, DTENSOR_JOBS, DTENSOR_JOB_NA
                                  JDTENSOR_SIMULATED_TPU_TOPOLOGY,
                                  JDTENSOR_K8S_PODS_PER_JOB, JDTENSOR_K8S_NUM_JOBS,
                                  JDTENSOR_K8S_SUBDOMAIN, JDTENSOR_K8S_JOB_NAME,
-                                 JDTENSOR_RESTART_COUNT, JAX_NUM_CPU_DEVICES)
+                                 JDTENSOR_RESTART_COUNT, JAX_NUM_CPU_DEVICES, JAX_PLATFORMS,
+                                 JDTENSOR_LOCAL_CLIENT_ID, JDTENSOR_LOCAL_NUM_CLIENTS,
+                                 CUDA_VISIBLE_DEVICES)
 from jdtensor._env.parse import (MAX_TIMEOUT, parse_host, parse_port,
                                  parse_bind_address, parse_timeout, parse_bool,
                                  parse_int, read_bool, process_environ)
@@ -61,7 +63,9 @@ from jdtensor._env.runtime_env import (Timeouts, read_timeouts, read_bind_overri
                                        resolve_cpu_device_count,
                                        without_cpu_device_count, read_report_dir,
                                        read_restart_count, read_user_runtime_dir,
-                                       read_visible_gpu_limit, read_simulated_tpu_shape)
+                                       read_visible_gpu_limit, read_simulated_tpu_shape,
+                                       read_jax_platforms, PLATFORM_DEVICE_TYPES,
+                                       read_visible_gpus)
 from jdtensor._env.heartbeat_env import (HEARTBEAT_POLICIES, HeartbeatSettings,
                                          STUCK_SHARE_OF_COORDINATION,
                                          read_heartbeat_and_coordination,
@@ -97,6 +101,10 @@ __all__ = [
     "JDTENSOR_K8S_JOB_NAME",
     "JDTENSOR_RESTART_COUNT",
     "JAX_NUM_CPU_DEVICES",
+    "JAX_PLATFORMS",
+    "JDTENSOR_LOCAL_CLIENT_ID",
+    "JDTENSOR_LOCAL_NUM_CLIENTS",
+    "CUDA_VISIBLE_DEVICES",
     "MAX_TIMEOUT",
     "parse_host",
     "parse_port",
@@ -135,5 +143,8 @@ __all__ = [
     "read_legacy_num_clients",
     "read_seed_job_name",
     "read_visible_gpu_limit",
+    "read_visible_gpus",
+    "read_jax_platforms",
+    "PLATFORM_DEVICE_TYPES",
     "read_simulated_tpu_shape",
 ]

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from jdtensor._env.names import (CUDA_VISIBLE_DEVICES, JAX_NUM_CPU_DEVICES,
+from jdtensor._env.names import (CUDA_VISIBLE_DEVICES, JAX_NUM_CPU_DEVICES, JAX_PLATFORMS,
                                  JDTENSOR_COORDINATION_TIMEOUT,
                                  JDTENSOR_COORDINATOR_BIND_ADDRESS,
                                  JDTENSOR_HEARTBEAT_TIMEOUT, JDTENSOR_INIT_TIMEOUT,
@@ -23,8 +23,8 @@ from jdtensor._env.parse import (INT_RE, environ_or_default, parse_bind_address,
 from jdtensor.errors import ConfigError
 
 __all__ = ["Timeouts", "cpu_device_count_setting", "read_bind_override",
-           "read_cpu_device_count", "read_report_dir", "read_simulated_tpu_shape",
-           "read_timeouts", "read_visible_gpu_limit", "resolve_cpu_device_count",
+           "read_cpu_device_count", "read_jax_platforms", "read_report_dir", "read_simulated_tpu_shape",
+           "read_timeouts", "read_visible_gpu_limit", "read_visible_gpus", "resolve_cpu_device_count",
            "without_cpu_device_count"]
 
 
@@ -244,9 +244,32 @@ def read_simulated_tpu_shape(environ: Mapping[str, str] | None = None
   return shape  # type: ignore[return-value]
 
 
-def read_visible_gpu_limit(environ: Mapping[str, str] | None = None) -> int | None:
-  """How many GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible; None when unset."""
+# JAX's platform names (``JAX_PLATFORMS``, ``jax_platforms``) -> DTensor's
+# device types.
+PLATFORM_DEVICE_TYPES = {"cpu": "CPU", "cuda": "GPU", "rocm": "GPU", "gpu": "GPU",
+                         "tpu": "TPU"}
+
+
+def read_jax_platforms(environ: Mapping[str, str] | None = None,
+                       value: str | None = None) -> tuple[str, ...] | None:
+  """The platforms JAX is limited to, in its priority order, as JAX reads
+  ``JAX_PLATFORMS`` (or `value`, ``jax.config.jax_platforms``): names split
+  on commas, lower-cased; None when unset or empty (every platform)."""
+  raw = environ_or_default(environ).get(JAX_PLATFORMS) if value is None else value
+  names = tuple(n.strip().lower() for n in (raw or "").split(",") if n.strip())
+  return names or None
+
+
+def read_visible_gpus(environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
+  """The GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible, as written (indices
+  or UUIDs), in its order; None when unset (every GPU)."""
   visible = environ_or_default(environ).get(CUDA_VISIBLE_DEVICES)
   if visible is None:
     return None
-  return len([v for v in visible.split(",") if v.strip()])
+  return tuple(v.strip() for v in visible.split(",") if v.strip())
+
+
+def read_visible_gpu_limit(environ: Mapping[str, str] | None = None) -> int | None:
+  """How many GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible; None when unset."""
+  visible = read_visible_gpus(environ)
+  return None if visible is None else len(visible)

@@ -29,12 +29,18 @@ class LaunchSpec:
 
   Attributes:
     command: The command every client runs.
-    num_clients: Number of client processes.
-    devices_per_client: Simulated CPU devices per client (CPU runs). None:
+    num_clients: Number of client processes (per node). None: one per GPU
+      (GPU runs only; see `devices_per_client`).
+    devices_per_client: CPU runs: simulated CPU devices per client. None:
       the count the clients' environment gives JAX (``JAX_NUM_CPU_DEVICES``
       or ``XLA_FLAGS``'s ``--xla_force_host_platform_device_count``), else
       JAX's default of 1; a count given both ways must agree (`resolved`).
+      GPU runs: GPUs per client, from the node's pool (its
+      ``CUDA_VISIBLE_DEVICES``, else its GPUs; `jdtensor.launcher.gpus`);
+      None: the pool split evenly over `num_clients`.
     device_type: CPU, GPU or TPU.
+    gpu_assignment: GPU runs, set by `resolved`: each of the node's clients'
+      ``CUDA_VISIBLE_DEVICES`` entries, by local index.
     port: First port (client k gets port + k); None picks free ports.
     timeout: Seconds before every client is stopped; None waits forever.
     grace: Seconds between SIGTERM and SIGKILL (default 30, torchrun's): a
@@ -56,7 +62,7 @@ class LaunchSpec:
       failure (new ports, new secret, ``JDTENSOR_RESTART_COUNT``).
   """
   command: tuple[str, ...]
-  num_clients: int = 2
+  num_clients: int | None = 2
   devices_per_client: int | None = None
   device_type: str = "CPU"
   port: int | None = None
@@ -69,12 +75,16 @@ class LaunchSpec:
   coordinator: str | None = None
   node_address: str | None = None
   max_restarts: int = 0
+  gpu_assignment: tuple[tuple[str, ...], ...] | None = field(default=None, repr=False)
 
   def __post_init__(self) -> None:
     if not self.command:
       raise ValueError("LaunchSpec.command is empty: give the command each "
                        "client runs, e.g. `jdtensor launch -n 2 -- python train.py`.")
-    if self.num_clients < 1:
+    if self.num_clients is None and self.device_type.upper() != "GPU":
+      raise ValueError("num_clients may be left out (one client per GPU) only with "
+                       f"device_type GPU, not {self.device_type!r}.")
+    if self.num_clients is not None and self.num_clients < 1:
       raise ValueError(f"num_clients must be >= 1, got {self.num_clients}.")
     if self.devices_per_client is not None and self.devices_per_client < 1:
       raise ValueError(
@@ -82,7 +92,7 @@ class LaunchSpec:
     if self.device_type.upper() not in DEVICE_TYPES:
       raise ValueError(f"device_type must be CPU, GPU or TPU, got "
                        f"{self.device_type!r}.")
-    if self.port is not None and not 1 <= self.port <= 65535 - self.num_clients + 1:
+    if self.port is not None and not 1 <= self.port <= 65535 - (self.num_clients or 1) + 1:
       raise ValueError(f"port must leave room for {self.num_clients} ports in "
                        f"1..65535, got {self.port}.")
     if self.timeout is not None and not 0 < self.timeout < float("inf"):
@@ -109,14 +119,24 @@ class LaunchSpec:
     if not 0 <= self.max_restarts <= 1000:
       raise ValueError(f"max_restarts must be 0..1000, got {self.max_restarts}.")
 
-  def resolved(self, environ: Mapping[str, str], argument: str = "devices_per_client"
-               ) -> LaunchSpec:
-    """This spec with its CPU device count taken from `environ` when not
-    given (see `_env.resolve_cpu_device_count`); other device types as is.
+  def resolved(self, environ: Mapping[str, str], argument: str = "devices_per_client",
+               device_dir: str = "/dev") -> LaunchSpec:
+    """This spec made concrete for this node: CPU runs, the device count
+    taken from `environ` when not given (see
+    `_env.resolve_cpu_device_count`); GPU runs, each client's GPUs
+    (`gpu_assignment`) and, if not given, the client count; TPU as is.
 
     Raises:
-      ConfigError: If `devices_per_client` and the environment's count differ.
+      ConfigError: If `devices_per_client` and the environment's count
+        differ, or the node's GPUs cannot serve the clients (`gpus.assign_gpus`).
     """
+    if self.device_type.upper() == "GPU":
+      from jdtensor.launcher import gpus  # pylint: disable=g-import-not-at-top
+      assignment = gpus.assign_gpus(gpus.node_gpu_pool(environ, device_dir),
+                                    self.num_clients, self.devices_per_client)
+      return dataclasses.replace(self, num_clients=len(assignment),
+                                 devices_per_client=len(assignment[0]),
+                                 gpu_assignment=assignment)
     if self.device_type.upper() != "CPU":
       return self
     count = _env.resolve_cpu_device_count(self.devices_per_client, argument, environ)
@@ -245,6 +265,11 @@ def worker_env(spec: LaunchSpec, client: int, ports: Sequence[int],
     env[_env.JDTENSOR_RUN_SECRET] = attempt.secret
   # Always set (0 on the first attempt), as torchrun's TORCHELASTIC_RESTART_COUNT.
   env[_env.JDTENSOR_RESTART_COUNT] = str(attempt.restart_count)
+  local = attempt.client_ids.index(client)
+  env[_env.JDTENSOR_LOCAL_CLIENT_ID] = str(local)
+  env[_env.JDTENSOR_LOCAL_NUM_CLIENTS] = str(len(attempt.client_ids))
+  if spec.gpu_assignment is not None:
+    env[_env.CUDA_VISIBLE_DEVICES] = ",".join(spec.gpu_assignment[local])
   if spec.device_type.upper() == "CPU":
     env["JAX_PLATFORMS"] = "cpu"
     if spec.devices_per_client is not None:

@@ -39,6 +39,7 @@ __all__ = [
     "shutdown",
     "backend_initialized",
     "cpu_device_count",
+    "jax_platforms",
     "process_index",
     "client_devices",
     "device_string",
@@ -73,6 +74,11 @@ def cluster() -> _env.ClusterEnv | None:
 def is_initialized() -> bool:
   """`Runtime.is_initialized` of the default runtime."""
   return _default.is_initialized()
+
+
+def jax_platforms() -> tuple[str, ...] | None:
+  """`Runtime.jax_platforms` of the default runtime."""
+  return _default.jax_platforms()
 
 
 def cpu_device_count(explicit_only: bool = False) -> int | None:

@@ -165,6 +165,16 @@ class Runtime:
       return from_env
     return None if explicit_only else 1
 
+  def jax_platforms(self) -> tuple[str, ...] | None:
+    """The platforms JAX is limited to, in priority order, as JAX reads them
+    (``jax.config.jax_platforms`` once jax is imported, which a
+    ``jax.config.update`` may have set; else ``JAX_PLATFORMS``); None when
+    every platform. Never starts a backend."""
+    if "jax" in sys.modules:
+      import jax  # pylint: disable=g-import-not-at-top
+      return _env.read_jax_platforms(value=jax.config.jax_platforms or "")
+    return _env.read_jax_platforms()
+
   def simulated_tpu(self) -> SimulatedTopology | None:
     """The simulated TPU slice in force (as initialised, else from the env)."""
     if self.is_initialized():

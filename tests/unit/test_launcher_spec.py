@@ -107,9 +107,10 @@ def test_a_device_count_given_twice_differently_is_an_error_naming_both(environ,
       "count from the environment.")
   with pytest.raises(ConfigError, match=r"^devices_per_client=2 conflicts with "):
     spec.resolved(environ)
-  # Another device type has no CPU device count to resolve.
-  gpu = launcher.LaunchSpec(command=("x",), devices_per_client=2, device_type="GPU")
-  assert gpu.resolved(environ) is gpu
+  # Another device type has no CPU device count to resolve: a TPU run is
+  # kept as is; a GPU run's count is of GPUs (tests/unit/test_launcher_gpus.py).
+  tpu = launcher.LaunchSpec(command=("x",), devices_per_client=2, device_type="TPU")
+  assert tpu.resolved(environ) is tpu
 
 
 @pytest.mark.parametrize("raw", ["abc", "0", "", "٤", "2.5"])
