@@ -187,8 +187,13 @@ def preferred_device_type() -> str:
 
   A listed platform this host does not have is passed over; when none is
   present, the first listed (JAX will fail to start it, and
-  `initialize_accelerator_system` says so).
+  `initialize_accelerator_system` says so). A simulated TPU slice
+  (``JDTENSOR_SIMULATED_TPU_TOPOLOGY``) is TPU, whatever backs it.
   """
+  if runtime.simulated_tpu() is not None:
+    # A simulated slice is TPU whatever platform backs it (the CPU, which
+    # JAX_PLATFORMS=cpu names); a malformed one raises its ConfigError here.
+    return "TPU"
   platforms = runtime.jax_platforms()
   if platforms is None:
     candidates = ["TPU", "GPU"]

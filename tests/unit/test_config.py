@@ -104,3 +104,25 @@ def test_unknown_device_type_dtensor_message(env, fn):
 
 def test_preferred_device_type_without_accelerators(env):
   assert jdtensor.preferred_device_type() == "CPU"
+
+
+@pytest.mark.parametrize("platforms", [None, "cpu", "cuda,cpu"])
+def test_a_simulated_tpu_slice_is_tpu_whatever_platform_backs_it(env, monkeypatch,
+                                                                 platforms):
+  # The simulated slice's cores are CPU devices, so its runs set
+  # JAX_PLATFORMS=cpu; the device type is still TPU.
+  monkeypatch.setenv("JDTENSOR_SIMULATED_TPU_TOPOLOGY", "2x2x1x2")
+  if platforms is None:
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  else:
+    monkeypatch.setenv("JAX_PLATFORMS", platforms)
+  assert jdtensor.preferred_device_type() == "TPU"
+
+
+def test_a_malformed_simulated_tpu_slice_is_named_by_the_default_device_type(
+    env, monkeypatch):
+  monkeypatch.setenv("JDTENSOR_SIMULATED_TPU_TOPOLOGY", "2x2")
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  with pytest.raises(jdtensor.errors.ConfigError) as e:
+    jdtensor.preferred_device_type()
+  assert str(e.value).startswith("JDTENSOR_SIMULATED_TPU_TOPOLOGY='2x2' is not a TPU slice shape")
