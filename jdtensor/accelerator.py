@@ -39,7 +39,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from jdtensor import _env, config, heartbeat, runtime
+from jdtensor import _device_nodes, _env, config, heartbeat, runtime
 from jdtensor import _logging as logging
 from jdtensor._deadline import Deadline
 from jdtensor.errors import AlreadyInitializedError, ConfigError
@@ -298,11 +298,18 @@ def _plan(device_type: Any, num_logical_cpu_devices: Any,
     local_devices = cpu_devices or runtime.cpu_device_count()
   else:
     local_devices = config.num_local_devices(device_type)
+  gpus: tuple[_device_nodes.GpuIdentity, ...] = ()
+  if device_type == "GPU" and cluster.num_clients > 1:
+    # Compared at the handshake: two clients on one GPU fail NCCL's first
+    # collective, so they are refused unless the user allows it.
+    agreed = {**agreed, _env.JDTENSOR_SHARE_GPUS: _env.read_bool(
+        _env.JDTENSOR_SHARE_GPUS, False)}
+    gpus = _device_nodes.gpu_identities(_env.process_environ(), _env.read_visible_gpus())
   return runtime.StartupPlan(
       device_type=device_type, cluster=cluster, timeouts=timeouts,
       deadline=deadline, cpu_devices=cpu_devices, reset_requested=reset_requested,
       local_devices=local_devices, bind=bind, secret=secret, agreed=agreed,
-      simulated_tpu=simulated)
+      simulated_tpu=simulated, gpus=gpus)
 
 
 def _simulated_cpu_devices(sim: SimulatedTopology, cluster: _env.ClusterEnv,

@@ -49,7 +49,9 @@ from jdtensor._env.names import (DTENSOR_CLIENT_ID, DTENSOR_JOBS, DTENSOR_JOB_NA
                                  JDTENSOR_K8S_SUBDOMAIN, JDTENSOR_K8S_JOB_NAME,
                                  JDTENSOR_RESTART_COUNT, JAX_NUM_CPU_DEVICES, JAX_PLATFORMS,
                                  JDTENSOR_LOCAL_CLIENT_ID, JDTENSOR_LOCAL_NUM_CLIENTS,
-                                 CUDA_VISIBLE_DEVICES)
+                                 CUDA_VISIBLE_DEVICES, JDTENSOR_SHARE_GPUS,
+                                 XLA_PYTHON_CLIENT_MEM_FRACTION,
+                                 XLA_PYTHON_CLIENT_MEM_SETTINGS)
 from jdtensor._env.parse import (MAX_TIMEOUT, parse_host, parse_port,
                                  parse_bind_address, parse_timeout, parse_bool,
                                  parse_int, read_bool, process_environ)
@@ -65,7 +67,8 @@ from jdtensor._env.runtime_env import (Timeouts, read_timeouts, read_bind_overri
                                        read_restart_count, read_user_runtime_dir,
                                        read_visible_gpu_limit, read_simulated_tpu_shape,
                                        read_jax_platforms, PLATFORM_DEVICE_TYPES,
-                                       read_visible_gpus)
+                                       read_visible_gpus, fit_shared_gpu_memory,
+                                       JAX_DEFAULT_MEM_FRACTION)
 from jdtensor._env.heartbeat_env import (HEARTBEAT_POLICIES, HeartbeatSettings,
                                          STUCK_SHARE_OF_COORDINATION,
                                          read_heartbeat_and_coordination,
@@ -105,6 +108,9 @@ __all__ = [
     "JDTENSOR_LOCAL_CLIENT_ID",
     "JDTENSOR_LOCAL_NUM_CLIENTS",
     "CUDA_VISIBLE_DEVICES",
+    "JDTENSOR_SHARE_GPUS",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_MEM_SETTINGS",
     "MAX_TIMEOUT",
     "parse_host",
     "parse_port",
@@ -147,4 +153,6 @@ __all__ = [
     "read_jax_platforms",
     "PLATFORM_DEVICE_TYPES",
     "read_simulated_tpu_shape",
+    "fit_shared_gpu_memory",
+    "JAX_DEFAULT_MEM_FRACTION",
 ]

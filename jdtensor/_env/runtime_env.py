@@ -6,9 +6,10 @@ PURE: standard library only.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Mapping, MutableMapping
+from typing import NamedTuple, cast
 
 from jdtensor._env.names import (CUDA_VISIBLE_DEVICES, JAX_NUM_CPU_DEVICES, JAX_PLATFORMS,
                                  JDTENSOR_COORDINATION_TIMEOUT,
@@ -16,13 +17,16 @@ from jdtensor._env.names import (CUDA_VISIBLE_DEVICES, JAX_NUM_CPU_DEVICES, JAX_
                                  JDTENSOR_HEARTBEAT_TIMEOUT, JDTENSOR_INIT_TIMEOUT,
                                  JDTENSOR_REPORT_DIR, JDTENSOR_RESTART_COUNT,
                                  JDTENSOR_SHUTDOWN_TIMEOUT,
+                                 JDTENSOR_SHARE_GPUS,
                                  JDTENSOR_SIMULATED_TPU_TOPOLOGY, XDG_RUNTIME_DIR,
-                                 XLA_FLAGS)
+                                 XLA_FLAGS, XLA_PYTHON_CLIENT_MEM_FRACTION,
+                                 XLA_PYTHON_CLIENT_MEM_SETTINGS)
 from jdtensor._env.parse import (INT_RE, environ_or_default, parse_bind_address,
                                  parse_timeout)
 from jdtensor.errors import ConfigError
 
-__all__ = ["Timeouts", "cpu_device_count_setting", "read_bind_override",
+__all__ = ["JAX_DEFAULT_MEM_FRACTION", "Timeouts", "cpu_device_count_setting",
+           "fit_shared_gpu_memory", "read_bind_override",
            "read_cpu_device_count", "read_jax_platforms", "read_report_dir", "read_simulated_tpu_shape",
            "read_timeouts", "read_visible_gpu_limit", "read_visible_gpus", "resolve_cpu_device_count",
            "without_cpu_device_count"]
@@ -273,3 +277,28 @@ def read_visible_gpu_limit(environ: Mapping[str, str] | None = None) -> int | No
   """How many GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible; None when unset."""
   visible = read_visible_gpus(environ)
   return None if visible is None else len(visible)
+
+
+# JAX's GPU client preallocates this share of a GPU's memory by default.
+JAX_DEFAULT_MEM_FRACTION = 0.75
+
+
+def fit_shared_gpu_memory(sharers: int,
+                          environ: MutableMapping[str, str] | None = None) -> str:
+  """Where `sharers` clients share a GPU (``JDTENSOR_SHARE_GPUS``), gives this
+  one an equal part of JAX's default preallocation: sets
+  ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (read when the backend starts), unless
+  the user chose JAX's memory use. What it did, for the log ('' for one
+  client on its GPUs)."""
+  if sharers <= 1:
+    return ""
+  env = cast(MutableMapping[str, str], environ_or_default(environ))
+  chosen = [n for n in XLA_PYTHON_CLIENT_MEM_SETTINGS if n in env]
+  if chosen:
+    return (f"{sharers} clients share a GPU ({JDTENSOR_SHARE_GPUS}); JAX's memory "
+            f"use is as set ({', '.join(chosen)})")
+  fraction = max(math.floor(JAX_DEFAULT_MEM_FRACTION / sharers * 100) / 100, 0.01)
+  env[XLA_PYTHON_CLIENT_MEM_FRACTION] = f"{fraction:.2f}"
+  return (f"{sharers} clients share a GPU ({JDTENSOR_SHARE_GPUS}): "
+          f"{XLA_PYTHON_CLIENT_MEM_FRACTION}={fraction:.2f}, an equal part of JAX's "
+          f"default {JAX_DEFAULT_MEM_FRACTION:.2f}")

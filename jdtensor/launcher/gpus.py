@@ -10,7 +10,10 @@ as CUDA ordinals ``0..N-1``. Client k of the node gets the pool's entries
 (``--devices-per-client``), so that no two clients share a GPU (NCCL refuses
 that: ``Duplicate GPU detected``) and each preallocates memory only on its
 own. JAX's own cluster detection uses the local rank as a raw device
-ordinal instead, which breaks on partial nodes (jax-ml/jax#23452).
+ordinal instead, which breaks on partial nodes (jax-ml/jax#23452). With
+``JDTENSOR_SHARE_GPUS`` set, more clients than GPUs take the GPUs in turn
+(tests of the heartbeat on a one-GPU machine); each client then gets an
+equal part of JAX's memory preallocation at start-up.
 """
 
 from __future__ import annotations
@@ -51,14 +54,21 @@ def _divisors(n: int) -> str:
   return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
-def assign_gpus(pool: GpuPool, num_clients: int | None, per_client: int | None
-                ) -> tuple[tuple[str, ...], ...]:
+_SHARE_HINT = (f", or set {_env.JDTENSOR_SHARE_GPUS}=1 to run several clients on "
+               "a GPU (no cross-client GPU collective then)")
+
+
+def assign_gpus(pool: GpuPool, num_clients: int | None, per_client: int | None,
+                share: bool = False) -> tuple[tuple[str, ...], ...]:
   """Each of the node's clients' GPUs (its ``CUDA_VISIBLE_DEVICES`` entries).
 
   Args:
     pool: The node's GPUs.
     num_clients: ``-n``; None: as many clients as the pool holds K GPUs.
     per_client: ``--devices-per-client`` (K); None: the pool split evenly.
+    share: ``JDTENSOR_SHARE_GPUS``: more clients than the pool holds K GPUs
+      take the pool's entries in turn (client k gets entries kK.. modulo
+      the pool), so that every GPU is shared by as few clients as can be.
 
   Returns:
     One tuple of entries per client, the first client's first.
@@ -73,12 +83,21 @@ def assign_gpus(pool: GpuPool, num_clients: int | None, per_client: int | None
     raise ConfigError(
         f"--device-type GPU: this node has no GPU ({pool.source}). Run on a GPU "
         "node, or use --device-type CPU.")
+  if share and num_clients is not None and num_clients * (per_client or 1) > have:
+    per_client = per_client or 1
+    if per_client > have:
+      raise ConfigError(
+          f"--devices-per-client {per_client} needs {per_client} GPUs a client, but "
+          f"this node has {have} ({pool.source}). Give --devices-per-client at most "
+          f"{have}.")
+    return tuple(tuple(pool.entries[(k * per_client + j) % have] for j in range(per_client))
+                 for k in range(num_clients))
   if num_clients is not None and per_client is not None:
     if num_clients * per_client > have:
       raise ConfigError(
           f"-n {num_clients} x --devices-per-client {per_client} needs "
           f"{num_clients * per_client} GPUs, but this node has {have} ({pool.source}). "
-          f"Give -n x --devices-per-client at most {have}.")
+          f"Give -n x --devices-per-client at most {have}{_SHARE_HINT}.")
   elif per_client is not None:
     if have % per_client:
       raise ConfigError(
@@ -91,7 +110,8 @@ def assign_gpus(pool: GpuPool, num_clients: int | None, per_client: int | None
       raise ConfigError(
           f"-n {num_clients} does not split this node's {have} GPUs ({pool.source}) "
           f"evenly, one client per GPU or more GPUs each. Give -n a divisor of {have} "
-          f"({_divisors(have)}), or --devices-per-client K with -n x K at most {have}.")
+          f"({_divisors(have)}), or --devices-per-client K with -n x K at most {have}"
+          + (_SHARE_HINT if num_clients > have else "") + ".")
     per_client = have // num_clients
   else:
     num_clients, per_client = have, 1

@@ -132,8 +132,10 @@ class LaunchSpec:
     """
     if self.device_type.upper() == "GPU":
       from jdtensor.launcher import gpus  # pylint: disable=g-import-not-at-top
-      assignment = gpus.assign_gpus(gpus.node_gpu_pool(environ, device_dir),
-                                    self.num_clients, self.devices_per_client)
+      assignment = gpus.assign_gpus(
+          gpus.node_gpu_pool(environ, device_dir), self.num_clients,
+          self.devices_per_client,
+          share=_env.read_bool(_env.JDTENSOR_SHARE_GPUS, False, environ))
       return dataclasses.replace(self, num_clients=len(assignment),
                                  devices_per_client=len(assignment[0]),
                                  gpu_assignment=assignment)

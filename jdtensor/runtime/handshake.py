@@ -12,6 +12,7 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
+from jdtensor._device_nodes import GpuIdentity
 from jdtensor._wire import encode, split_host_port
 from jdtensor.runtime.links import Links
 
@@ -23,7 +24,13 @@ __all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "run_id",
 # 3: the heartbeat beats on the links; ``go`` carries no private service port.
 # 4: until ``go``, client 0 says whom it is still waiting for (``waiting``).
 # 5: client 0 says on the links when its JAX service listens (``service``).
-PROTOCOL = 5
+# 6: a GPU client's hello names its GPUs; ``go`` says how many clients share
+#    its most shared GPU (``sharing``).
+PROTOCOL = 6
+# At most this many GPUs in a hello, each named in at most MAX_GPU_TEXT
+# characters (a node has a handful; a MIG-sliced one a few dozen).
+MAX_GPUS = 256
+MAX_GPU_TEXT = 256
 # The time a peer has for each stage of the handshake on client 0 (a
 # legitimate client answers at once); frames are at most MAX_FRAME bytes.
 STAGE_SECONDS = 2.0
@@ -74,6 +81,8 @@ class Hello(NamedTuple):
     heartbeat: ``DTENSOR_ENABLE_HEARTBEAT``.
     settings: Settings every client must share, by variable name (heartbeat
       period and policy, time-outs, ``DTENSOR_JOB_NAME``).
+    gpus: The GPUs a GPU client will use (none for other device types):
+      client 0 refuses two clients on one GPU.
   """
   client_id: int
   num_clients: int
@@ -81,12 +90,14 @@ class Hello(NamedTuple):
   local_devices: int
   heartbeat: bool = True
   settings: tuple[tuple[str, object], ...] = ()
+  gpus: tuple[GpuIdentity, ...] = ()
 
   def to_frame(self) -> dict[str, Any]:
     return {"jdtensor": PROTOCOL, "client_id": self.client_id,
             "num_clients": self.num_clients, "jobs": jobs_digest(self.jobs),
             "num_jobs": len(self.jobs), "local_devices": self.local_devices,
-            "heartbeat": self.heartbeat, "settings": dict(self.settings)}
+            "heartbeat": self.heartbeat, "settings": dict(self.settings),
+            "gpus": [list(g) for g in self.gpus[:MAX_GPUS]]}
 
 
 class PeerHello(NamedTuple):
@@ -98,6 +109,7 @@ class PeerHello(NamedTuple):
   local_devices: int
   heartbeat: bool
   settings: dict[str, object]
+  gpus: tuple[GpuIdentity, ...] = ()
 
   @classmethod
   def parse(cls, frame: dict[str, Any]) -> PeerHello:
@@ -121,9 +133,15 @@ class PeerHello(NamedTuple):
         isinstance(v, (str, int, float, bool)) and len(str(v)) <= 256
         for k, v in settings.items())):
       raise ValueError("field 'settings' is malformed")
+    gpus = frame.get("gpus", [])
+    if not (isinstance(gpus, list) and len(gpus) <= MAX_GPUS and all(
+        isinstance(g, list) and len(g) == 2 and all(
+            isinstance(t, str) and len(t) <= MAX_GPU_TEXT for t in g) for g in gpus)):
+      raise ValueError("field 'gpus' is malformed")
     return cls(integer("client_id", 0, 10**9), integer("num_clients", 1, 10**9),
                jobs, integer("num_jobs", 0, 10**9),
-               integer("local_devices", 0, 10**9), heartbeat, settings)
+               integer("local_devices", 0, 10**9), heartbeat, settings,
+               tuple(GpuIdentity(*g) for g in gpus))
 
 
 def bind_address(coordinator: str, host: str | None, port: int | None
@@ -143,8 +161,11 @@ class Meeting(NamedTuple):
   Attributes:
     links: The connections, kept open as liveness links (see `Links`); the
       heartbeat beats on them.
+    gpu_sharers: How many clients use this client's most shared GPU (more
+      than 1 only with ``JDTENSOR_SHARE_GPUS``).
   """
   links: Links
+  gpu_sharers: int = 1
 
 
 def retry_delays() -> Iterator[float]:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jdtensor import _logging as logging
+from jdtensor._device_nodes import GpuIdentity
+from jdtensor._env.names import JDTENSOR_SHARE_GPUS
 from jdtensor._wire import (MAX_FRAME, Frames, format_host_port, handshake_proof,
                             socket_host)
 from jdtensor.errors import StartupError, StartupTimeoutError
@@ -27,7 +29,7 @@ from jdtensor.runtime.handshake import (NONCE_RE, PROTOCOL, RUN_RE, STAGE_SECOND
                                         send)
 from jdtensor.runtime.links import Links
 
-__all__ = ["serve"]
+__all__ = ["gpu_sharers", "serve"]
 
 
 def _listen(host: str, port: int, coordinator: str) -> socket.socket:
@@ -294,7 +296,46 @@ def _check(me: Hello, hello: PeerHello, peers: dict[int, _Conn],
         f"Client {c} has {hello.local_devices} local devices, which differs "
         "from client 0's; DTensor meshes need the same number on every client.")
     return detail, told
+  if not mine.get(JDTENSOR_SHARE_GPUS):
+    others = [(0, me.gpus)] + [(p.hello.client_id, p.hello.gpus)
+                               for p in peers.values() if p.hello is not None]
+    shared = _shared_gpu(c, hello.gpus, others)
+    if shared is not None:
+      other, theirs_gpu, mine_gpu = shared
+      fix = (" NCCL fails the first cross-client collective of clients on one GPU "
+             "('Duplicate GPU detected'). Give each client its own GPUs (`jdtensor "
+             "launch --device-type GPU` does; else set CUDA_VISIBLE_DEVICES per "
+             f"client), or, for a run that needs no cross-client GPU collective, set "
+             f"{JDTENSOR_SHARE_GPUS}=1 on every client.")
+      detail = (f"Clients {other} and {c} would share one GPU: client {other} uses "
+                f"{theirs_gpu.label}, client {c} uses {mine_gpu.label}." + fix)
+      told = detail if authenticated else (
+          f"Client {c}'s {mine_gpu.label} is used by another client too." + fix)
+      return detail, told
   return "", ""
+
+
+def _shared_gpu(client: int, gpus: Sequence[GpuIdentity],
+                others: Sequence[tuple[int, Sequence[GpuIdentity]]]
+                ) -> tuple[int, GpuIdentity, GpuIdentity] | None:
+  """(the other client, its GPU, `client`'s) for the first of `gpus` that
+  another client uses too; None if none is."""
+  used = {gpu.key: (other, gpu) for other, theirs in others for gpu in theirs}
+  for gpu in gpus:
+    if gpu.key in used:
+      other, theirs = used[gpu.key]
+      return other, theirs, gpu
+  return None
+
+
+def gpu_sharers(hellos: Sequence[tuple[int, Sequence[GpuIdentity]]]) -> dict[int, int]:
+  """Client -> how many clients use its most shared GPU (1: none other)."""
+  users: dict[str, set[int]] = {}
+  for client, gpus in hellos:
+    for gpu in gpus:
+      users.setdefault(gpu.key, set()).add(client)
+  return {client: max((len(users[g.key]) for g in gpus), default=1)
+          for client, gpus in hellos}
 
 
 def serve(me: Hello, secret: str | None, host: str, port: int, coordinator: str,
@@ -312,10 +353,13 @@ def serve(me: Hello, secret: str | None, host: str, port: int, coordinator: str,
         send(sock, {"error": server.problem if secret else
                      "another client's start-up failed; see client 0's output"})
       raise StartupError(server.problem)
-    for sock in links.values():
-      send(sock, {"go": True})
+    sharers = gpu_sharers([(0, me.gpus)] + [
+        (c, conn.hello.gpus) for c, conn in server.peers.items()
+        if conn.hello is not None])
+    for client, sock in links.items():
+      send(sock, {"go": True, "sharing": sharers.get(client, 1)})
       sock.setblocking(True)
-    meeting = Meeting(Links(0, links))
+    meeting = Meeting(Links(0, links), sharers.get(0, 1))
     handed_over = True  # The links live on.
     return meeting
   finally:

@@ -15,8 +15,9 @@ exception that says what is wrong, every client first meets client 0 here:
    client answers with its run id, its own nonce and an HMAC of both nonces
    under ``JDTENSOR_RUN_SECRET``; client 0 checks it and proves itself back.
 3. The client sends its hello: client id, cluster size, a digest of
-   ``DTENSOR_JOBS``, job name, device count, heartbeat on or off and the
-   settings every client must share.
+   ``DTENSOR_JOBS``, job name, device count, heartbeat on or off, the
+   settings every client must share and, for a GPU run, its GPUs (two
+   clients on one GPU are refused unless ``JDTENSOR_SHARE_GPUS`` allows it).
 4. Client 0 checks that all hellos agree, answers ``go``, or the error, to
    everyone, and closes the listener; JAX's coordination service then binds
    the same port. Until then it tells every client that has said hello whom
@@ -90,8 +91,10 @@ def _read_frame(sock: socket.socket, frames: Frames, pending: list[dict[str, Any
 
 
 def _handshake(me: Hello, secret: str | None, coordinator: str,
-               sock: socket.socket, timeout: float, deadline: float) -> None:
-  """This client's side on one connection; returns once client 0 says go, or raises."""
+               sock: socket.socket, timeout: float, deadline: float) -> int:
+  """This client's side on one connection; once client 0 says go, how many
+  clients share this client's most shared GPU (`Meeting.gpu_sharers`), or
+  raises."""
   mine = run_id(secret)
   frames, pending = Frames(), []
   where = f"DTENSOR_JOBS[0]={coordinator!r}"
@@ -158,9 +161,11 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
       logging.info("jdtensor client %d: client 0 is waiting for client(s) %s",
                    me.client_id, ", ".join(map(str, waiting)))
     reply = frame()
-  if reply.get("go") is not True:
+  sharing = reply.get("sharing", 1)
+  if reply.get("go") is not True or type(sharing) is not int or sharing < 1:  # pylint: disable=unidiomatic-typecheck
     raise StartupError(f"Client {me.client_id}: client 0 answered the start-up "
                        "handshake with something unexpected.")
+  return sharing
 
 
 def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
@@ -192,7 +197,7 @@ def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
       time.sleep(min(next(delays), max(remaining, 0)))
       continue
     try:
-      _handshake(me, secret, coordinator, sock, timeout, deadline)
+      sharers = _handshake(me, secret, coordinator, sock, timeout, deadline)
     except _Refused:
       sock.close()
       continue
@@ -201,7 +206,7 @@ def _join(me: Hello, secret: str | None, coordinator: str, timeout: float,
       raise
     sock.setblocking(True)
     sock.settimeout(None)
-    return Meeting(Links(me.client_id, {0: sock}))
+    return Meeting(Links(me.client_id, {0: sock}), sharers)
 
 
 # JAX's service usually listens a few ms after the rendezvous (client 0 is
@@ -295,7 +300,7 @@ def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
   Raises:
     StartupError: Port taken, bind address not on this host, another run or
       a wrong secret at the address, inconsistent clusters, duplicate client
-      ids, unequal device counts.
+      ids, unequal device counts, two clients on one GPU.
     StartupTimeoutError: A peer never connected (client 0), or the
       coordinator never came up (other clients).
   """

@@ -119,9 +119,12 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
   meeting = rendezvous.rendezvous(
       rendezvous.Hello(env.client_id, env.num_clients, env.jobs,
                         plan.local_devices, env.heartbeat_enabled,
-                        tuple(sorted(settings.items()))),
+                        tuple(sorted(settings.items())), plan.gpus),
       coordinator, bind, deadline, plan.secret)
   rt.state.links = meeting.links
+  shared = _env.fit_shared_gpu_memory(meeting.gpu_sharers)
+  if shared:
+    logging.info("jdtensor client %d: %s", env.client_id, shared)
   atexit.register(rt.state.links.goodbye)
   # Until initialisation ends, a client that dies leaves the others in JAX's
   # C++ connect (which aborts at its time-out) or in the TPU core-id merge:

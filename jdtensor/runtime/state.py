@@ -24,6 +24,7 @@ from jdtensor.runtime.startup import backend_initialized
 from jdtensor.runtime.links import Links
 
 if TYPE_CHECKING:  # The TPU modules load only on a TPU (or simulated TPU) run.
+  from jdtensor._device_nodes import GpuIdentity
   from jdtensor.tpu.topology import SimulatedTopology, Topology
 
 __all__ = ["Runtime", "RuntimeState", "StartupPlan", "PLATFORMS",
@@ -105,6 +106,7 @@ class StartupPlan(NamedTuple):
     secret: The run secret; None runs the handshake unauthenticated.
     agreed: Settings every client must share, by variable name.
     simulated_tpu: The simulated TPU slice (TPU on CPU devices), if any.
+    gpus: The GPUs a GPU client will use (compared at the handshake).
   """
   device_type: str
   cluster: _env.ClusterEnv
@@ -117,6 +119,7 @@ class StartupPlan(NamedTuple):
   secret: str | None = None
   agreed: Mapping[str, object] = MappingProxyType({})
   simulated_tpu: SimulatedTopology | None = None
+  gpus: tuple[GpuIdentity, ...] = ()
 
 
 class Runtime:

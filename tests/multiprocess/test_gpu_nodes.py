@@ -3,6 +3,7 @@ namespace (`tests.helpers.fake_gpu_node_command`), as jdtensor sees a GPU
 machine before JAX starts."""
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -103,7 +104,9 @@ _SAY = ('echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES '
      "--devices-per-client K with -n x K at most 4.\n"),
     (8, "6,7", ["-n", "2", "--devices-per-client", "2"],
      "jdtensor launch: -n 2 x --devices-per-client 2 needs 4 GPUs, but this node has 2 "
-     "(CUDA_VISIBLE_DEVICES='6,7'). Give -n x --devices-per-client at most 2.\n"),
+     "(CUDA_VISIBLE_DEVICES='6,7'). Give -n x --devices-per-client at most 2, or set "
+     "JDTENSOR_SHARE_GPUS=1 to run several clients on a GPU (no cross-client GPU "
+     "collective then).\n"),
     (0, None, [],
      "jdtensor launch: --device-type GPU: this node has no GPU (no /dev/nvidia<N>). Run "
      "on a GPU node, or use --device-type CPU.\n"),
@@ -124,3 +127,51 @@ def test_launch_gives_each_client_its_own_gpus(gpus, visible, args, expected):
   else:
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.splitlines()) == expected
+
+
+_ON_ONE_GPU = """
+import os, jdtensor
+try:
+  jdtensor.initialize_accelerator_system("GPU")
+except Exception as e:
+  print(type(e).__name__, e, flush=True)
+print("FRACTION", os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"), flush=True)
+"""
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["refused", "shared-by-opt-in"])
+def test_two_clients_on_one_gpu_are_named_at_start_up_before_nccl(share):
+  """Both clients are given GPU 0 (not by the launcher, which would refuse
+  it): the start-up handshake names them, the GPU and the fix; with the
+  opt-in they meet, each with half of JAX's memory preallocation (this
+  machine's JAX then finds no GPU: the start-up got past the check)."""
+  env = clean_env()
+  env.pop("JAX_PLATFORMS")
+  env["CUDA_VISIBLE_DEVICES"] = "0"
+  if share:
+    env["JDTENSOR_SHARE_GPUS"] = "1"
+  command = fake_gpu_node_command(1, [
+      sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--timeout", "60", "--",
+      sys.executable, "-c", _ON_ONE_GPU])
+  res = subprocess.run(command, env=env, capture_output=True, text=True, timeout=90)
+  lines = sorted(line for line in res.stdout.splitlines() if line.strip())
+  host = socket.gethostname()
+  if share:
+    assert lines == sorted([
+        f"[client {c}] ValueError initialize_accelerator_system('GPU'): this process "
+        "has no GPU devices. Use device_type='CPU', or run where GPUs are attached (or "
+        "simulate a TPU slice with JDTENSOR_SIMULATED_TPU_TOPOLOGY)." for c in (0, 1)] + [
+        f"[client {c}] FRACTION 0.37" for c in (0, 1)]), res.stdout + res.stderr
+  else:
+    message = (f"Clients 0 and 1 would share one GPU: client 0 uses GPU 0 of {host}, "
+               f"client 1 uses GPU 0 of {host}. NCCL fails the first cross-client "
+               "collective of clients on one GPU ('Duplicate GPU detected'). Give each "
+               "client its own GPUs (`jdtensor launch --device-type GPU` does; else set "
+               "CUDA_VISIBLE_DEVICES per client), or, for a run that needs no "
+               "cross-client GPU collective, set JDTENSOR_SHARE_GPUS=1 on every client.")
+    assert lines == sorted([
+        "[client 0] FRACTION None", "[client 1] FRACTION None",
+        f"[client 0] StartupError {message}",
+        f"[client 1] StartupError Client 1: start-up refused by client 0: {message}"]
+    ), res.stdout + res.stderr
+    assert f"[client 0] jdtensor: client 0: {message}\n" in res.stderr  # Its log.

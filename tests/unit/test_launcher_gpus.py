@@ -35,13 +35,16 @@ def test_each_client_gets_its_own_gpus(pool, n, k, expected):
     (EIGHT, 16, None,
      "-n 16 does not split this node's 8 GPUs (/dev/nvidia0-7) evenly, one client per "
      "GPU or more GPUs each. Give -n a divisor of 8 (1, 2, 4, 8), or "
-     "--devices-per-client K with -n x K at most 8."),
+     "--devices-per-client K with -n x K at most 8, or set JDTENSOR_SHARE_GPUS=1 to "
+     "run several clients on a GPU (no cross-client GPU collective then)."),
     (EIGHT, None, 3,
      "--devices-per-client 3 does not split this node's 8 GPUs (/dev/nvidia0-7) "
      "evenly. Give a divisor of 8 (1, 2, 4, 8), or -n with -n x 3 at most 8."),
     (EIGHT, 3, 3,
      "-n 3 x --devices-per-client 3 needs 9 GPUs, but this node has 8 "
-     "(/dev/nvidia0-7). Give -n x --devices-per-client at most 8."),
+     "(/dev/nvidia0-7). Give -n x --devices-per-client at most 8, or set "
+     "JDTENSOR_SHARE_GPUS=1 to run several clients on a GPU (no cross-client GPU "
+     "collective then)."),
     (GpuPool((), "CUDA_VISIBLE_DEVICES=''"), None, None,
      "--device-type GPU: this node has no GPU (CUDA_VISIBLE_DEVICES=''). Run on a "
      "GPU node, or use --device-type CPU."),
@@ -50,6 +53,38 @@ def test_a_pool_that_cannot_serve_the_clients_is_refused(pool, n, k, message):
   with pytest.raises(ConfigError) as e:
     assign_gpus(pool, n, k)
   assert str(e.value) == message
+
+
+ONE = GpuPool(("0",), "/dev/nvidia0")
+
+
+@pytest.mark.parametrize("pool,n,k,expected", [
+    (ONE, 2, None, [("0",), ("0",)]),  # Tests of the heartbeat on a one-GPU machine.
+    (GpuPool(("0", "1"), "x"), 3, None, [("0",), ("1",), ("0",)]),
+    (EIGHT, 3, 3, [("0", "1", "2"), ("3", "4", "5"), ("6", "7", "0")]),
+    (EIGHT, 2, None, [tuple("0123"), tuple("4567")]),  # Enough GPUs: none shared.
+    (EIGHT, None, None, [(c,) for c in "01234567"]),
+], ids=["two-on-one", "three-on-two", "n3-k3-on-8", "enough", "default"])
+def test_with_the_opt_in_more_clients_than_gpus_take_them_in_turn(pool, n, k, expected):
+  assert [list(c) for c in assign_gpus(pool, n, k, share=True)] == [
+      list(c) for c in expected]
+
+
+def test_with_the_opt_in_a_client_still_cannot_have_more_gpus_than_the_node():
+  with pytest.raises(ConfigError) as e:
+    assign_gpus(ONE, 2, 2, share=True)
+  assert str(e.value) == ("--devices-per-client 2 needs 2 GPUs a client, but this "
+                          "node has 1 (/dev/nvidia0). Give --devices-per-client at "
+                          "most 1.")
+
+
+def test_the_launcher_reads_the_opt_in_from_its_environment(tmp_path):
+  (tmp_path / "nvidia0").touch()
+  spec = LaunchSpec(command=("true",), num_clients=2, device_type="GPU")
+  resolved = spec.resolved({"JDTENSOR_SHARE_GPUS": "1"}, device_dir=str(tmp_path))
+  assert resolved.gpu_assignment == (("0",), ("0",))
+  with pytest.raises(ConfigError):
+    spec.resolved({}, device_dir=str(tmp_path))
 
 
 def test_the_pool_is_the_nodes_cuda_visible_devices_else_its_device_nodes(tmp_path):

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from jdtensor import _wire
+from jdtensor._device_nodes import GpuIdentity
 from jdtensor.runtime import handshake, rendezvous as rendezvous_mod
 from jdtensor._deadline import Deadline
 from jdtensor.runtime.rendezvous import Hello, rendezvous
@@ -23,9 +24,10 @@ def cluster(n=2):
   return tuple(f"localhost:{p}" for p in ports)
 
 
-def hello(jobs, client, devices=2, **settings):
+def hello(jobs, client, devices=2, gpus=(), **settings):
   return Hello(client, len(jobs), jobs, devices, True,
-               tuple(sorted({"DTENSOR_JOB_NAME": "worker", **settings}.items())))
+               tuple(sorted({"DTENSOR_JOB_NAME": "worker", **settings}.items())),
+               tuple(GpuIdentity(key, f"GPU {key} of node-a") for key in gpus))
 
 
 def meet(hellos, secrets, timeout=5.0, client_0_late_by=0.0):
@@ -272,6 +274,62 @@ def test_unauthenticated_errors_do_not_show_client_0s_values():
   assert str(out[1]) == ("Client 1: start-up refused by client 0: Client 1 has 3 "
                          "local devices, which differs from client 0's; DTensor "
                          "meshes need the same number on every client.")
+
+
+_SHARED_GPU_FIX = (
+    " NCCL fails the first cross-client collective of clients on one GPU ('Duplicate "
+    "GPU detected'). Give each client its own GPUs (`jdtensor launch --device-type "
+    "GPU` does; else set CUDA_VISIBLE_DEVICES per client), or, for a run that needs "
+    "no cross-client GPU collective, set JDTENSOR_SHARE_GPUS=1 on every client.")
+
+
+@pytest.mark.parametrize("gpus,culprits,shown", [
+    ([["0"], ["1"], ["0"]], (0, 2), "0"),
+    ([["0"], ["1"], ["1"]], (1, 2), "1"),
+    ([["0", "1"], ["2", "3"], ["3", "4"]], (1, 2), "3"),
+], ids=["with-client-0", "two-others", "one-of-several"])
+def test_two_clients_on_one_gpu_are_named_with_the_gpu_and_the_fix(gpus, culprits, shown):
+  jobs = cluster(3)
+  out = meet([hello(jobs, c, gpus=g, JDTENSOR_SHARE_GPUS=False)
+              for c, g in enumerate(gpus)], [SECRET] * 3)
+  a, b = culprits
+  message = (f"Clients {a} and {b} would share one GPU: client {a} uses GPU {shown} of "
+             f"node-a, client {b} uses GPU {shown} of node-a." + _SHARED_GPU_FIX)
+  assert isinstance(out[0], StartupError) and str(out[0]) == message
+  assert str(out[b]) == f"Client {b}: start-up refused by client 0: {message}"
+
+
+def test_an_unauthenticated_client_is_not_shown_the_other_clients_gpu():
+  jobs = cluster(2)
+  out = meet([hello(jobs, c, gpus=["GPU-5f"], JDTENSOR_SHARE_GPUS=False)
+              for c in range(2)], [None, None])
+  assert str(out[1]) == ("Client 1: start-up refused by client 0: Client 1's GPU "
+                         "GPU-5f of node-a is used by another client too." + _SHARED_GPU_FIX)
+
+
+@pytest.mark.parametrize("gpus,sharers", [
+    ([["0"], ["1"], ["2"]], [1, 1, 1]),
+    ([["0"], ["0"], ["0"]], [3, 3, 3]),
+    ([["0"], ["0"], ["1"]], [2, 2, 1]),
+    ([["0", "1"], ["1"], ["2"]], [2, 2, 1]),  # Its most shared GPU counts.
+], ids=["own", "all-on-one", "two-on-one", "one-of-two"])
+def test_shared_gpus_are_allowed_by_opt_in_and_each_client_learns_its_sharers(
+    gpus, sharers):
+  jobs = cluster(3)
+  out = meet([hello(jobs, c, gpus=g, JDTENSOR_SHARE_GPUS=True)
+              for c, g in enumerate(gpus)], [SECRET] * 3)
+  try:
+    assert [m.gpu_sharers for m in out] == sharers, out
+  finally:
+    close(out)
+
+
+def test_the_opt_in_must_be_the_same_on_every_client():
+  jobs = cluster(2)
+  out = meet([hello(jobs, 0, gpus=["0"], JDTENSOR_SHARE_GPUS=True),
+              hello(jobs, 1, gpus=["0"], JDTENSOR_SHARE_GPUS=False)], [SECRET] * 2)
+  assert str(out[0]) == ("Client 1 has JDTENSOR_SHARE_GPUS=False but client 0 has "
+                         "True; set JDTENSOR_SHARE_GPUS the same on every client.")
 
 
 @pytest.mark.parametrize("data,reason", [
