@@ -19,7 +19,7 @@ from jdtensor.runtime.links import Links
 __all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "run_id",
            "jobs_digest", "PROTOCOL", "STAGE_SECONDS", "CLIENT_STAGE_SECONDS",
            "WAITING_SECONDS", "START_EVERY_CLIENT", "POLL_SECONDS", "retry_delays", "NONCE_RE", "RUN_RE",
-           "send"]
+           "send", "clients_text", "CLIENTS_SHOWN"]
 
 # 3: the heartbeat beats on the links; ``go`` carries no private service port.
 # 4: until ``go``, client 0 says whom it is still waiting for (``waiting``).
@@ -45,6 +45,9 @@ WAITING_SECONDS = 2.0
 START_EVERY_CLIENT = ("Start every client with the same DTENSOR_JOBS and its own "
                       "DTENSOR_CLIENT_ID, or raise the init timeout "
                       "(JDTENSOR_INIT_TIMEOUT).")
+# How many clients a message names before "and N more": client 0 tells every
+# client whom it waits for, which must not cost O(N^2) bytes at pod scale.
+CLIENTS_SHOWN = 16
 POLL_SECONDS = 0.05
 # A client that finds client 0 not yet listening tries again soon
 # (`retry_delays`): clients started together reach the rendezvous tens of
@@ -57,6 +60,14 @@ FAST_RETRY_SECONDS = 0.01
 FAST_RETRY_WINDOW = 1.0
 NONCE_RE = re.compile(r"[0-9a-f]{64}")
 RUN_RE = re.compile(r"[0-9a-f]{0,32}")
+
+
+def clients_text(clients: Sequence[int], more: int = 0) -> str:
+  """``1, 2, 3`` or, past CLIENTS_SHOWN, ``1, 2, ... 16 and 2032 more``
+  (`more`: clients not in `clients` to count as well)."""
+  shown = list(clients[:CLIENTS_SHOWN])
+  more += len(clients) - len(shown)
+  return ", ".join(map(str, shown)) + (f" and {more} more" if more else "")
 
 
 def run_id(secret: str | None) -> str:

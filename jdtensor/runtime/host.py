@@ -23,7 +23,8 @@ from jdtensor._env.names import JDTENSOR_SHARE_GPUS
 from jdtensor._wire import (MAX_FRAME, Frames, format_host_port, handshake_proof,
                             socket_host)
 from jdtensor.errors import StartupError, StartupTimeoutError
-from jdtensor.runtime.handshake import (NONCE_RE, PROTOCOL, RUN_RE, STAGE_SECONDS,
+from jdtensor.runtime.handshake import (CLIENTS_SHOWN, NONCE_RE, PROTOCOL, RUN_RE,
+                                        STAGE_SECONDS, clients_text,
                                         START_EVERY_CLIENT, WAITING_SECONDS, Hello,
                                         Meeting, PeerHello, jobs_digest, run_id,
                                         send)
@@ -32,7 +33,7 @@ from jdtensor.runtime.links import Links
 __all__ = ["gpu_sharers", "serve"]
 
 
-def _listen(host: str, port: int, coordinator: str) -> socket.socket:
+def _listen(host: str, port: int, coordinator: str, backlog: int) -> socket.socket:
   try:
     infos = socket.getaddrinfo(socket_host(host), port, type=socket.SOCK_STREAM)
   except socket.gaierror as e:
@@ -57,7 +58,10 @@ def _listen(host: str, port: int, coordinator: str) -> socket.socket:
     raise StartupError(
         f"Client 0 cannot start the coordinator for DTENSOR_JOBS[0]="
         f"{coordinator!r}: {format_host_port(host, port)} {why}.") from None
-  sock.listen(128)
+  # Every client connects at once: a backlog short of the cluster drops
+  # connection attempts, which TCP retries only after a second or more. The
+  # kernel caps it (net.core.somaxconn, 4096 on current kernels).
+  sock.listen(max(128, backlog))
   sock.setblocking(False)
   return sock
 
@@ -88,7 +92,13 @@ class _Server:
     self.selector = selectors.DefaultSelector()
     self.selector.register(listener, selectors.EVENT_READ)
     self.conns: dict[socket.socket, _Conn] = {}
+    # Connections still in the handshake: only they can expire, so each
+    # wake-up costs what is in flight, not every client met so far.
+    self.pending: set[_Conn] = set()
     self.peers: dict[int, _Conn] = {}
+    # GPU key -> (client, its identity), for the shared-GPU check in O(1).
+    self.gpu_users: dict[str, tuple[int, GpuIdentity]] = {
+        gpu.key: (0, gpu) for gpu in me.gpus}
     self.problem = ""
 
   def _refuse(self, conn: _Conn, reason: str, told: str | None = None) -> None:
@@ -101,11 +111,15 @@ class _Server:
 
   def _close(self, conn: _Conn) -> None:
     self.conns.pop(conn.sock, None)
+    self.pending.discard(conn)
     if conn.hello is not None and self.peers.get(conn.hello.client_id) is conn:
       # A client that met us and left before `go` (it failed, was stopped by
       # hand, or gave up): not part of the cluster any more; it may connect
       # again (a restarted client) before the init timeout.
       del self.peers[conn.hello.client_id]
+      for gpu in conn.hello.gpus:
+        if self.gpu_users.get(gpu.key, (None,))[0] == conn.hello.client_id:
+          del self.gpu_users[gpu.key]
     try:
       self.selector.unregister(conn.sock)
     except (KeyError, ValueError):
@@ -122,6 +136,7 @@ class _Server:
     conn = _Conn(sock, peer, os.urandom(32).hex(),
                  time.monotonic() + STAGE_SECONDS)
     self.conns[sock] = conn
+    self.pending.add(conn)
     self.selector.register(sock, selectors.EVENT_READ)
     if not send(sock, {"jdtensor": PROTOCOL, "nonce": conn.nonce,
                         "run": self.run, "auth": bool(self.secret)}):
@@ -193,7 +208,8 @@ class _Server:
       self._refuse(conn, f"it sent a malformed hello ({e})",
                    told="malformed hello")
       return
-    detail, told = _check(self.me, hello, self.peers, conn.authenticated)
+    detail, told = _check(self.me, hello, self.peers, conn.authenticated,
+                          self.gpu_users)
     if detail:
       logging.warning("jdtensor: client 0: %s", detail)
       self.problem = self.problem or detail
@@ -201,12 +217,15 @@ class _Server:
       self._close(conn)
       return
     conn.hello, conn.stage = hello, "done"
+    self.pending.discard(conn)
     self.peers[hello.client_id] = conn
+    for gpu in hello.gpus:
+      self.gpu_users.setdefault(gpu.key, (hello.client_id, gpu))
 
   def _expire(self) -> None:
     now = time.monotonic()
-    for conn in list(self.conns.values()):
-      if conn.stage != "done" and now > conn.deadline:
+    for conn in list(self.pending):
+      if now > conn.deadline:
         self._refuse(conn, f"it sent nothing valid within {STAGE_SECONDS:g} s "
                      f"(the {conn.stage} stage)", told="too slow; try again")
 
@@ -217,7 +236,9 @@ class _Server:
     """Tells every client that has met us whom we are still waiting for: it
     waits for a late client as long as the init timeout allows, and for a
     silent client 0 only CLIENT_STAGE_SECONDS."""
-    frame = {"waiting": self._missing()}
+    missing = self._missing()
+    frame = {"waiting": missing[:CLIENTS_SHOWN],
+             "more": max(0, len(missing) - CLIENTS_SHOWN)}
     for conn in list(self.peers.values()):
       if not send(conn.sock, frame):
         self._close(conn)
@@ -232,7 +253,7 @@ class _Server:
         message = (
             f"Client 0 waited {timeout:g} s (the init timeout) at the "
             f"coordinator DTENSOR_JOBS[0]={self.coordinator!r} for client(s) "
-            f"{', '.join(map(str, self._missing()))}, which never connected. "
+            f"{clients_text(self._missing())}, which never connected. "
             + START_EVERY_CLIENT)
         for conn in list(self.peers.values()):  # They would wait on in vain.
           send(conn.sock, {"error": message, "timeout": True})
@@ -259,7 +280,8 @@ class _Server:
 
 
 def _check(me: Hello, hello: PeerHello, peers: dict[int, _Conn],
-           authenticated: bool) -> tuple[str, str]:
+           authenticated: bool,
+           gpu_users: dict[str, tuple[int, GpuIdentity]]) -> tuple[str, str]:
   """('', '') if `hello` agrees with client 0; else (what client 0 logs,
   what the peer is told: client 0's values only if it authenticated)."""
   c = hello.client_id
@@ -297,35 +319,22 @@ def _check(me: Hello, hello: PeerHello, peers: dict[int, _Conn],
         "from client 0's; DTensor meshes need the same number on every client.")
     return detail, told
   if not mine.get(JDTENSOR_SHARE_GPUS):
-    others = [(0, me.gpus)] + [(p.hello.client_id, p.hello.gpus)
-                               for p in peers.values() if p.hello is not None]
-    shared = _shared_gpu(c, hello.gpus, others)
+    shared = next(((gpu_users[gpu.key], gpu) for gpu in hello.gpus
+                   if gpu.key in gpu_users), None)
     if shared is not None:
-      other, theirs_gpu, mine_gpu = shared
+      (other, theirs_gpu), mine_gpu = shared
       fix = (" NCCL fails the first cross-client collective of clients on one GPU "
              "('Duplicate GPU detected'). Give each client its own GPUs (`jdtensor "
              "launch --device-type GPU` does; else set CUDA_VISIBLE_DEVICES per "
              f"client), or, for a run that needs no cross-client GPU collective, set "
              f"{JDTENSOR_SHARE_GPUS}=1 on every client.")
-      detail = (f"Clients {other} and {c} would share one GPU: client {other} uses "
-                f"{theirs_gpu.label}, client {c} uses {mine_gpu.label}." + fix)
+      (a, a_gpu), (b, b_gpu) = sorted([(other, theirs_gpu), (c, mine_gpu)])
+      detail = (f"Clients {a} and {b} would share one GPU: client {a} uses "
+                f"{a_gpu.label}, client {b} uses {b_gpu.label}." + fix)
       told = detail if authenticated else (
           f"Client {c}'s {mine_gpu.label} is used by another client too." + fix)
       return detail, told
   return "", ""
-
-
-def _shared_gpu(client: int, gpus: Sequence[GpuIdentity],
-                others: Sequence[tuple[int, Sequence[GpuIdentity]]]
-                ) -> tuple[int, GpuIdentity, GpuIdentity] | None:
-  """(the other client, its GPU, `client`'s) for the first of `gpus` that
-  another client uses too; None if none is."""
-  used = {gpu.key: (other, gpu) for other, theirs in others for gpu in theirs}
-  for gpu in gpus:
-    if gpu.key in used:
-      other, theirs = used[gpu.key]
-      return other, theirs, gpu
-  return None
 
 
 def gpu_sharers(hellos: Sequence[tuple[int, Sequence[GpuIdentity]]]) -> dict[int, int]:
@@ -340,7 +349,8 @@ def gpu_sharers(hellos: Sequence[tuple[int, Sequence[GpuIdentity]]]) -> dict[int
 
 def serve(me: Hello, secret: str | None, host: str, port: int, coordinator: str,
            timeout: float, deadline: float) -> Meeting:
-  server = _Server(me, secret, coordinator, _listen(host, port, coordinator))
+  server = _Server(me, secret, coordinator,
+                   _listen(host, port, coordinator, me.num_clients))
   links: dict[int, socket.socket] = {}
   handed_over = False
   try:

@@ -9,7 +9,7 @@ ends is seen at once by the others' end of its connection.
 
 from __future__ import annotations
 
-import select
+import selectors
 import socket
 import threading
 import time
@@ -23,6 +23,8 @@ _TCP_ESTABLISHED = 1
 # The largest message on a link: the peers are authenticated, and the
 # heartbeat's merged row holds 4 values a client (about 100 clients a KiB).
 LINK_FRAME = 16 * 1024 * 1024
+# What one read takes from a link: a merged beat of a few hundred clients.
+_RECV_BYTES = 65536
 # Client 0's word, during start-up, that its JAX coordination service listens.
 SERVICE_UP = "service"
 
@@ -104,28 +106,41 @@ class Links:
       method(*args)
 
   def _watch(self) -> None:
+    # epoll, not select(): client 0 holds a link per client, and any
+    # descriptor past 1024 (a run of 500 clients, or a data loader's open
+    # files) breaks select(). A wake-up costs what is ready, not N.
     frames = {client: Frames(lenient=True, limit=LINK_FRAME) for client in self._sockets}
-    while self._sockets and not self._closing:
-      by_socket = {s: c for c, s in self._sockets.items()}
-      try:
-        ready, _, _ = select.select(list(by_socket), [], [], 5.0)
-      except (OSError, ValueError):
-        return  # Closed under us: we are exiting.
-      for sock in ready:
-        client = by_socket[sock]
+    selector = selectors.DefaultSelector()
+    with self._lock:
+      for client, sock in self._sockets.items():
+        selector.register(sock, selectors.EVENT_READ, client)
+    try:
+      while self._sockets and not self._closing:
         try:
-          chunk = sock.recv(4096)
-        except OSError:
-          chunk = b""
-        if not chunk:
-          self._drop(client)
-          if not self._closing and client not in self._said_bye:
-            self._emit("peer_died", client,
-                       "its process ended without saying goodbye"
-                       if client != 0 else "the coordinator's process ended")
-          continue
-        for message in frames[client].feed(chunk):
-          self._dispatch(client, message)
+          ready = selector.select(5.0)
+        except (OSError, ValueError):
+          return  # Closed under us: we are exiting.
+        for key, _ in ready:
+          client, sock = key.data, key.fileobj
+          try:
+            chunk = sock.recv(_RECV_BYTES)  # type: ignore[union-attr]
+          except OSError:
+            chunk = b""
+          if not chunk:
+            try:
+              selector.unregister(sock)
+            except (KeyError, ValueError):
+              pass
+            self._drop(client)
+            if not self._closing and client not in self._said_bye:
+              self._emit("peer_died", client,
+                         "its process ended without saying goodbye"
+                         if client != 0 else "the coordinator's process ended")
+            continue
+          for message in frames[client].feed(chunk):
+            self._dispatch(client, message)
+    finally:
+      selector.close()
 
   def _dispatch(self, client: int, message: dict[str, object]) -> None:
     if message.get("bye"):  # Its end of stream is now a normal exit.

@@ -56,7 +56,7 @@ from jdtensor._wire import MAX_FRAME, Frames, handshake_proof, socket_host, spli
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, NONCE_RE, POLL_SECONDS,
                                         PROTOCOL, STAGE_SECONDS, START_EVERY_CLIENT,
-                                        Hello, Meeting,
+                                        Hello, Meeting, clients_text,
                                         bind_address, jobs_digest, retry_delays,
                                         run_id, send)
 from jdtensor.runtime.links import SERVICE_UP, Links
@@ -77,8 +77,11 @@ def _read_frame(sock: socket.socket, frames: Frames, pending: list[dict[str, Any
     remaining = deadline - time.monotonic()
     if remaining <= 0:
       return None
-    ready, _, _ = select.select([sock], [], [], min(remaining, 1.0))
-    if not ready:
+    # poll(), not select(): this client may already hold more than 1024
+    # descriptors (a data loader's open files), which select() cannot watch.
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(min(remaining, 1.0) * 1000):
       continue
     try:
       chunk = sock.recv(MAX_FRAME)
@@ -98,7 +101,7 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
   mine = run_id(secret)
   frames, pending = Frames(), []
   where = f"DTENSOR_JOBS[0]={coordinator!r}"
-  waiting: list[int] = []  # Whom client 0 last said it waits for.
+  waiting: list[str] = []  # Whom client 0 last said it waits for, as text.
 
   def frame() -> dict[str, Any]:
     got = _read_frame(sock, frames, pending,
@@ -109,7 +112,7 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
             f"Client {me.client_id} met client 0 at {where}, but the start-up "
             f"did not complete within {timeout:g} s (the init timeout)"
             + (f": client 0 was still waiting for client(s) "
-               f"{', '.join(map(str, waiting))}" if waiting else "")
+               f"{waiting[0]}" if waiting else "")
             + ". " + START_EVERY_CLIENT)
       raise StartupError(
           f"Client {me.client_id}: the process at {where} closed the connection "
@@ -155,11 +158,14 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
   send(sock, me.to_frame())
   reply = frame()
   while isinstance(reply.get("waiting"), list):  # Others are still to come.
-    said = [c for c in reply["waiting"] if isinstance(c, int)]
-    if said != waiting:
-      waiting[:] = said
-      logging.info("jdtensor client %d: client 0 is waiting for client(s) %s",
-                   me.client_id, ", ".join(map(str, waiting)))
+    more = reply.get("more", 0)
+    said = clients_text([c for c in reply["waiting"] if isinstance(c, int)],
+                        more if isinstance(more, int) and more > 0 else 0)
+    if waiting != ([said] if said else []):
+      waiting[:] = [said] if said else []
+      if said:
+        logging.info("jdtensor client %d: client 0 is waiting for client(s) %s",
+                     me.client_id, said)
     reply = frame()
   sharing = reply.get("sharing", 1)
   if reply.get("go") is not True or type(sharing) is not int or sharing < 1:  # pylint: disable=unidiomatic-typecheck

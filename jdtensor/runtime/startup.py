@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from jdtensor import _env, _wire
 from jdtensor import _logging as logging
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE, StartupTimeoutError
-from jdtensor.runtime import rendezvous
+from jdtensor.runtime import open_files, rendezvous
 
 if TYPE_CHECKING:
   from jdtensor.runtime.state import Runtime, StartupPlan
@@ -110,6 +110,11 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
         "so any process that can reach DTENSOR_JOBS[0] can join or disturb it. "
         "`jdtensor launch` sets one per run; set the same one on every client.",
         _env.JDTENSOR_RUN_SECRET)
+  files = open_files.ensure_open_files(env.num_clients, env.client_id)
+  if files is not None and files.raised_from is not None:
+    logging.info("jdtensor client %d: open-file limit (soft RLIMIT_NOFILE) raised "
+                 "from %d to %d for %d clients", env.client_id, files.raised_from,
+                 files.soft, env.num_clients)
   logging.info("jdtensor client %d of %d: meeting the coordinator at %s",
                env.client_id, env.num_clients, coordinator)
   settings = {**plan.agreed, _env.JDTENSOR_INIT_TIMEOUT: timeouts.init,

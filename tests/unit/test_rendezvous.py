@@ -72,7 +72,8 @@ def connect_when_up(port, timeout=5.0):
 def close(meetings):
   for m in meetings:
     if isinstance(m, rendezvous_mod.Meeting):
-      for sock in m.links._sockets.values():
+      # A copy: a peer's end of stream drops a link from the watching thread.
+      for sock in list(m.links._sockets.values()):
         sock.close()
 
 
@@ -483,6 +484,30 @@ def test_a_client_whose_own_init_timeout_ends_first_says_whom_client_0_awaits(
       "and its own DTENSOR_CLIENT_ID, or raise the init timeout "
       "(JDTENSOR_INIT_TIMEOUT).")
   t0.join(5)
+
+
+def test_whom_client_0_awaits_is_named_up_to_16_clients_then_counted(
+    short_stages, monkeypatch):
+  """Client 0 says whom it waits for to every client it has met, every
+  WAITING_SECONDS: at pod scale the full list would cost O(N^2) bytes."""
+  del short_stages
+  monkeypatch.setattr(rendezvous_mod, "CLIENT_STAGE_SECONDS", 5.0)
+  jobs = tuple(f"localhost:{p}" for p in free_ports(1)) + tuple(
+      f"localhost:{20000 + i}" for i in range(1, 40))
+  (t0, out0), (t1, out1) = start_client(jobs, 0, 3), start_client(jobs, 1, 1)
+  t1.join(5)
+  assert str(out1[0]) == (
+      f"Client 1 met client 0 at DTENSOR_JOBS[0]={jobs[0]!r}, but the start-up "
+      "did not complete within 1 s (the init timeout): client 0 was still "
+      "waiting for client(s) 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17 "
+      "and 22 more. Start every client with the same DTENSOR_JOBS "
+      "and its own DTENSOR_CLIENT_ID, or raise the init timeout "
+      "(JDTENSOR_INIT_TIMEOUT).")
+  t0.join(5)
+  assert str(out0[0]).startswith(
+      f"Client 0 waited 3 s (the init timeout) at the coordinator DTENSOR_JOBS[0]="
+      f"{jobs[0]!r} for client(s) 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, "
+      "16 and 23 more, which never connected.")
 
 
 def test_a_client_that_leaves_before_go_may_come_back(short_stages, caplog):
