@@ -32,6 +32,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
+from benchmarks._busy import one_long_call  # noqa: E402
+
 
 def api() -> None:
   """The single-client API on DEVICE: mesh, layouts, pack/unpack, relayout."""
@@ -88,22 +90,11 @@ def next_batch(step: int) -> int:
 
 def busy(seconds: float) -> float:
   """One XLA call on this client's own first device lasting at least
-  `seconds`: the trip count is an argument (one compile), grown from a short
-  call until one call lasts long enough. The longest call's seconds."""
-  spin = jax.jit(lambda a, iters: jax.lax.fori_loop(
-      0, iters, lambda i, v: jnp.tanh(v @ v), a))
+  `seconds` (`benchmarks._busy`); the longest call's seconds."""
   size = 4096 if device == "GPU" else 256
   a = jax.device_put(jnp.full((size, size), 0.01, jnp.float32),
                      jax.local_devices(backend=device.lower())[0])
-  iters, longest = 10, 0.0
-  jax.block_until_ready(spin(a, 1))
-  while longest < seconds:
-    t = time.perf_counter()
-    jax.block_until_ready(spin(a, iters))
-    took = time.perf_counter() - t
-    longest = max(longest, took)
-    iters = int(iters * min(max(1.3 * seconds / max(took, 1e-3), 1.5), 1000))
-  return longest
+  return one_long_call(a, seconds)
 
 
 for step in range(int(os.environ.get("STEPS", "8"))):

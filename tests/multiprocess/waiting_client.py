@@ -49,6 +49,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
+from benchmarks._busy import one_long_call  # noqa: E402
+
 n, k, local = jax.process_count(), jax.process_index(), jax.local_device_count()
 scen, bad = os.environ.get("SCEN", "none"), int(os.environ.get("BAD", "-1"))
 read = os.environ.get("READ", "kept")
@@ -95,19 +97,9 @@ for step in range(int(os.environ.get("STEPS", "20"))):
     if scen == "busy":
       announce()
       # One XLA call of at least BUSY_SECONDS, whatever the machine's speed
-      # or load: the trip count is an argument (one compile), grown from a
-      # short call until one call lasts long enough. BUSY is the longest.
-      spin = jax.jit(lambda a, iters: jax.lax.fori_loop(
-          0, iters, lambda i, v: jnp.tanh(v @ v), a))
-      a, iters, longest = jnp.full((256, 256), 0.01, jnp.float32), 300, 0.0
-      target = float(os.environ.get("BUSY_SECONDS", "2"))
-      jax.block_until_ready(spin(a, 1))
-      while longest < target:
-        t = time.perf_counter()
-        jax.block_until_ready(spin(a, iters))
-        took = time.perf_counter() - t
-        longest = max(longest, took)
-        iters = int(iters * min(max(1.3 * target / max(took, 1e-3), 1.5), 1000))
+      # or load. BUSY is the longest.
+      longest = one_long_call(jnp.full((256, 256), 0.01, jnp.float32),
+                              float(os.environ.get("BUSY_SECONDS", "2")), iters=300)
       print(f"BUSY {longest:.1f}", flush=True)
     if scen == "fork":
       announce()
