@@ -113,7 +113,13 @@ class Links:
     selector = selectors.DefaultSelector()
     with self._lock:
       for client, sock in self._sockets.items():
-        selector.register(sock, selectors.EVENT_READ, client)
+        try:
+          selector.register(sock, selectors.EVENT_READ, client)
+        except (OSError, ValueError):
+          pass  # Closed here already: this process is ending its links.
+    if not selector.get_map():
+      selector.close()
+      return
     try:
       while self._sockets and not self._closing:
         try:

@@ -160,3 +160,20 @@ def test_a_large_cluster_s_sum_fits_one_link_message(star):
   row = np.full(BeatLayout(4096).width, 65535, np.int32)
   out = s.beat({0: row, 1: row})
   np.testing.assert_array_equal(out[1], 2 * row)
+
+
+def test_links_closed_before_their_watch_starts_end_it_quietly(monkeypatch):
+  """A process that closes its links as the watching thread starts (a test's
+  teardown, an exit) must not leave an exception in that thread."""
+  import socket  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  from jdtensor.runtime.links import Links  # pylint: disable=g-import-not-at-top
+  errors = []
+  monkeypatch.setattr(threading, "excepthook", errors.append)
+  a, b = socket.socketpair()
+  links = Links(1, {0: a})
+  a.close()
+  links.watch(None)
+  links._thread.join(5)  # pylint: disable=protected-access
+  assert not links._thread.is_alive() and not errors  # pylint: disable=protected-access
+  b.close()
