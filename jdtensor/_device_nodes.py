@@ -45,11 +45,16 @@ class GpuIdentity(NamedTuple):
   """One GPU a process will use, as far as can be known before CUDA starts.
 
   Attributes:
-    key: Equal for two processes exactly when they name the same physical
-      GPU: its UUID (unique everywhere), else its PCI bus location on this
-      kernel's boot (``pci:<boot id>:<bus>``: containers of one machine share
-      the boot), else its CUDA ordinal in this host's view
-      (``cuda:<boot id>:<host name>:<ordinal>``).
+    key: Equal for two processes only when they name the same physical
+      GPU: a UUID the process was given (unique everywhere); an ordinal
+      only within one control group of one boot (``pci:<boot>:<cgroup>:<bus>``
+      where the driver lists the GPUs, else
+      ``cuda:<boot>:<cgroup>:<host>:<ordinal>``). An ordinal is not resolved
+      to a global UUID: SLURM's constrained tasks (and containers) each see
+      their own GPU as ordinal 0 while the driver lists every GPU of the
+      node, so two of them must never read as one GPU. A shared GPU that
+      two control groups name by ordinal is missed (NCCL says it later),
+      never invented.
     label: What a message shows, e.g. ``GPU 0 of node-7 (GPU-5f2b...)``.
   """
   key: str
@@ -97,10 +102,19 @@ def _boot_id(path: str) -> str:
     return "unknown"
 
 
+def _cgroup(path: str) -> str:
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      return ";".join(line.strip() for line in f if line.strip())[:512]
+  except OSError:
+    return ""
+
+
 def gpu_identities(environ: Mapping[str, str], visible: Sequence[str] | None, *,
                    device_dir: str = "/dev",
                    proc_dir: str = "/proc/driver/nvidia/gpus",
                    boot_id_path: str = "/proc/sys/kernel/random/boot_id",
+                   cgroup_path: str = "/proc/self/cgroup",
                    host: str | None = None) -> tuple[GpuIdentity, ...]:
   """The GPUs this process will use: `visible` (``CUDA_VISIBLE_DEVICES``'s
   entries, as written; None: every GPU of the host), each resolved to the
@@ -115,6 +129,7 @@ def gpu_identities(environ: Mapping[str, str], visible: Sequence[str] | None, *,
   """
   host = host or socket.gethostname()
   boot = _boot_id(boot_id_path)
+  group = _cgroup(cgroup_path)
   driver = _driver_gpus(proc_dir)
   pci_order = (environ.get("CUDA_DEVICE_ORDER", "").strip().upper() == "PCI_BUS_ID"
                or len({g.model for g in driver}) <= 1)
@@ -122,10 +137,11 @@ def gpu_identities(environ: Mapping[str, str], visible: Sequence[str] | None, *,
     count = len(driver) or gpu_node_count(device_dir)
     visible = [str(i) for i in range(count)]
 
-  def by_driver(gpu: _DriverGpu, shown: str) -> GpuIdentity:
-    if gpu.uuid:
-      return GpuIdentity(gpu.uuid.lower(), f"{shown} of {host} ({gpu.uuid})")
-    return GpuIdentity(f"pci:{boot}:{gpu.bus}", f"{shown} of {host} (PCI {gpu.bus})")
+  def by_driver(gpu: _DriverGpu, shown: str, given_uuid: bool) -> GpuIdentity:
+    label = f"{shown} of {host} ({gpu.uuid or 'PCI ' + gpu.bus})"
+    if given_uuid and gpu.uuid:
+      return GpuIdentity(gpu.uuid.lower(), label)
+    return GpuIdentity(f"pci:{boot}:{group}:{gpu.bus}", label)
 
   found: list[GpuIdentity] = []
   for entry in visible:
@@ -134,13 +150,14 @@ def gpu_identities(environ: Mapping[str, str], visible: Sequence[str] | None, *,
       if driver and pci_order:
         if ordinal >= len(driver):
           break  # CUDA stops at an ordinal it does not have.
-        found.append(by_driver(driver[ordinal], f"GPU {ordinal}"))
+        found.append(by_driver(driver[ordinal], f"GPU {ordinal}", False))
       else:
-        found.append(GpuIdentity(f"cuda:{boot}:{host}:{ordinal}", f"GPU {ordinal} of {host}"))
+        found.append(GpuIdentity(f"cuda:{boot}:{group}:{host}:{ordinal}",
+                                 f"GPU {ordinal} of {host}"))
     elif _UUID_ENTRY.fullmatch(entry):
       matches = [g for g in driver if g.uuid.lower().startswith(entry.lower())]
       if len(matches) == 1:
-        found.append(by_driver(matches[0], entry))
+        found.append(by_driver(matches[0], entry, True))
       else:
         found.append(GpuIdentity(entry.lower(), f"{entry} of {host}"))
     else:

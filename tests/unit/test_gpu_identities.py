@@ -25,7 +25,7 @@ _GPUS = [("0000:3b:00.0", "GPU-aaaa1111-0000-0000-0000-000000000000", 1, "NVIDIA
          ("0000:1a:00.0", "GPU-bbbb2222-0000-0000-0000-000000000000", 0, "NVIDIA H200")]
 
 
-def node(tmp_path, gpus=_GPUS, driver=True, nodes=2):
+def node(tmp_path, gpus=_GPUS, driver=True, nodes=2, cgroup="/user.slice"):
   """A fake host: its /dev, its driver's GPU list and its boot id."""
   dev, proc = tmp_path / "dev", tmp_path / "gpus"
   dev.mkdir(parents=True)
@@ -37,14 +37,20 @@ def node(tmp_path, gpus=_GPUS, driver=True, nodes=2):
       (proc / bus / "information").write_text(
           _INFO.format(model=model, uuid=uuid, bus=bus, minor=minor))
   (tmp_path / "boot_id").write_text(BOOT + "\n")
+  (tmp_path / "cgroup").write_text(f"0::{cgroup}\n")
   return dict(device_dir=str(dev), proc_dir=str(proc),
-              boot_id_path=str(tmp_path / "boot_id"), host="node-7")
+              boot_id_path=str(tmp_path / "boot_id"), cgroup_path=str(tmp_path / "cgroup"),
+              host="node-7")
 
 
-A = GpuIdentity("gpu-aaaa1111-0000-0000-0000-000000000000",
+GROUP = "0::/user.slice"
+# An ordinal is this control group's view: keyed by boot, cgroup and bus.
+A = GpuIdentity(f"pci:{BOOT}:{GROUP}:0000:3b:00.0",
                 "GPU 1 of node-7 (GPU-aaaa1111-0000-0000-0000-000000000000)")
-B = GpuIdentity("gpu-bbbb2222-0000-0000-0000-000000000000",
+B = GpuIdentity(f"pci:{BOOT}:{GROUP}:0000:1a:00.0",
                 "GPU 0 of node-7 (GPU-bbbb2222-0000-0000-0000-000000000000)")
+A_UUID = "gpu-aaaa1111-0000-0000-0000-000000000000"
+B_UUID = "gpu-bbbb2222-0000-0000-0000-000000000000"
 
 
 @pytest.mark.parametrize("visible,expected", [
@@ -52,11 +58,11 @@ B = GpuIdentity("gpu-bbbb2222-0000-0000-0000-000000000000",
     (None, [B, A]),
     (["1"], [A]),
     (["1", "0"], [A, B]),
-    (["GPU-aaaa1111-0000-0000-0000-000000000000"],
-     [A._replace(label="GPU-aaaa1111-0000-0000-0000-000000000000 of node-7 "
-                       "(GPU-aaaa1111-0000-0000-0000-000000000000)")]),
+    (["GPU-aaaa1111-0000-0000-0000-000000000000"],  # A UUID given: global.
+     [GpuIdentity(A_UUID, "GPU-aaaa1111-0000-0000-0000-000000000000 of node-7 "
+                          "(GPU-aaaa1111-0000-0000-0000-000000000000)")]),
     (["GPU-bbbb"],  # A unique prefix, as CUDA takes it.
-     [B._replace(label="GPU-bbbb of node-7 (GPU-bbbb2222-0000-0000-0000-000000000000)")]),
+     [GpuIdentity(B_UUID, "GPU-bbbb of node-7 (GPU-bbbb2222-0000-0000-0000-000000000000)")]),
     (["0", "7", "1"], [B]),  # CUDA stops at the first ordinal it does not have.
     (["0", "x", "1"], [B]),  # ... and at the first entry it cannot read.
     ([], []),
@@ -66,17 +72,24 @@ def test_entries_resolve_to_the_drivers_uuids_in_pci_order(tmp_path, visible, ex
   assert list(gpu_identities({}, visible, **node(tmp_path))) == expected
 
 
-def test_an_ordinal_and_the_uuid_of_one_gpu_are_the_same_gpu(tmp_path):
-  where = node(tmp_path)
-  by_index = gpu_identities({}, ["1"], **where)
-  by_uuid = gpu_identities({}, ["GPU-aaaa1111-0000-0000-0000-000000000000"], **where)
-  assert by_index[0].key == by_uuid[0].key
+def test_an_ordinal_is_one_gpu_only_within_its_control_group(tmp_path):
+  """SLURM's constrained tasks (--gpus-per-task=1 with ConstrainDevices)
+  each see their own GPU as ordinal 0, while the driver lists every GPU of
+  the node: two tasks' ordinal 0 must not read as one GPU. Within one
+  control group (the clients of one `jdtensor launch` or `mpirun`), the
+  same ordinal is the same GPU."""
+  task_1 = gpu_identities({}, ["0"], **node(tmp_path / "t1", cgroup="/job_7/step_0/task_1"))
+  task_2 = gpu_identities({}, ["0"], **node(tmp_path / "t2", cgroup="/job_7/step_0/task_2"))
+  assert task_1[0].key != task_2[0].key
+  assert task_1[0].label == task_2[0].label == B.label
+  same = gpu_identities({}, ["0"], **node(tmp_path / "t3"))
+  assert same[0].key == gpu_identities({}, ["0"], **node(tmp_path / "t4"))[0].key
 
 
 def test_without_the_driver_ordinals_are_this_hosts_and_uuids_as_written(tmp_path):
   assert gpu_identities({}, None, **node(tmp_path, driver=False)) == (
-      GpuIdentity(f"cuda:{BOOT}:node-7:0", "GPU 0 of node-7"),
-      GpuIdentity(f"cuda:{BOOT}:node-7:1", "GPU 1 of node-7"))
+      GpuIdentity(f"cuda:{BOOT}:{GROUP}:node-7:0", "GPU 0 of node-7"),
+      GpuIdentity(f"cuda:{BOOT}:{GROUP}:node-7:1", "GPU 1 of node-7"))
   assert gpu_identities({}, ["GPU-Ab12"], **node(tmp_path / "b", driver=False)) == (
       GpuIdentity("gpu-ab12", "GPU-Ab12 of node-7"),)
 
@@ -85,11 +98,11 @@ def test_a_hidden_uuid_falls_back_to_the_pci_location_on_this_boot(tmp_path):
   gpus = [(bus, "GPU-????????-????-????-????-????????????", m, model)
           for bus, _, m, model in _GPUS]
   assert gpu_identities({}, ["0"], **node(tmp_path, gpus)) == (
-      GpuIdentity(f"pci:{BOOT}:0000:1a:00.0", "GPU 0 of node-7 (PCI 0000:1a:00.0)"),)
+      GpuIdentity(f"pci:{BOOT}:{GROUP}:0000:1a:00.0", "GPU 0 of node-7 (PCI 0000:1a:00.0)"),)
 
 
 @pytest.mark.parametrize("order,expected", [
-    ("", GpuIdentity(f"cuda:{BOOT}:node-7:0", "GPU 0 of node-7")),
+    ("", GpuIdentity(f"cuda:{BOOT}:{GROUP}:node-7:0", "GPU 0 of node-7")),
     ("PCI_BUS_ID", B),
 ], ids=["fastest-first", "pci-bus-id"])
 def test_unlike_gpus_are_ordered_by_pci_bus_only_when_cuda_is_told_to(tmp_path, order,
