@@ -1,42 +1,50 @@
-"""Pod scale with the real code: start-up of N clients, and what a beat costs.
+"""Pod scale with the real code: start-up, a beat's cost, the heartbeat's CPU
+and its detection, at N clients on one machine.
 
     python benchmarks/bench_pod_scale.py [--clients 256,1024,4096] [--processes 4]
 
-No JAX: what this measures runs before JAX starts or beside it.
+No JAX: N clients run as threads in a few processes, each with the real
+start-up handshake (`jdtensor.runtime.rendezvous`), liveness links, exchange
+(`jdtensor.heartbeat.exchange.LinkExchange`), watchdog and verdicts
+(`jdtensor.heartbeat.protocol.Heartbeat`); only what JAX would tell the
+heartbeat is a stand-in at its interface (the main thread's phase, and that
+the client has joined a collective). Client 0 runs alone in the first
+process; the client that fails, alone in the second.
 
-1. Start-up: N clients meet client 0 through the real handshake
-   (`jdtensor.runtime.rendezvous`, authenticated, every client's hello
-   checked), as threads in a few processes (`--processes`; client 0 in the
-   first). Printed: seconds from the start signal to the last client's
-   ``go``, client 0's CPU seconds in it, and the descriptors client 0 held.
-2. A beat: the real exchange (`jdtensor.heartbeat.exchange.LinkExchange`)
-   on client 0 takes one row from every client and sends the sum back to
-   every client; its links are replaced by a counter of the bytes it would
-   send. Printed: bytes one client sends and receives per beat, bytes
-   client 0 sends per beat, and client 0's CPU per beat (decoding, summing,
-   encoding; no system calls).
+Per N, two runs at the default period (2 s):
+1. Start-up: seconds from the start signal to the last client's ``go``,
+   client 0's CPU seconds in it, and the descriptors client 0 held.
+2. A beat's bytes (the real exchange on client 0, its links replaced by a
+   counter): what one client sends and receives, what client 0 sends.
+3. The heartbeat's CPU, idle clients, over 10 beats after a warm-up:
+   client 0's process, and the others' processes per client (a mean; the
+   clients there share one GIL, so this is a bound), in % of one core.
+4. Detection: the failing client's process is SIGKILLed; seconds until the
+   last survivor has named it (its verdict, just before its exit). A second
+   run: the failing client stalls (its own code, idle, while every other
+   client waits in a collective) with a 4 s stall time-out; seconds from
+   the time-out to the last survivor's verdict (verdicts come at beats, so
+   this is up to a period).
 
-The last line: ``pod scale: N clients: start-up X s, client 0 Y bytes a beat``
-for the largest N.
+The last line: ``pod scale: N clients: detection X s, client 0 heartbeat Y%
+of a core, Z bytes a beat at client 0`` for the largest N.
 
-The simulation's limits: one machine's loopback, not a data-centre network;
-the clients are threads, which share their process's CPU and GIL, so
-start-up here is slower than N machines' would be (a bound, not an
-estimate). The heartbeat's CPU and detection at scale are not measured
-here yet (issue #42, items 2-3: the beat itself must first become O(1) per
-client).
+The simulation's limits: one machine's loopback, not a data-centre network
+(loopback's send also does the receiver's TCP work, so client 0's CPU here
+is an upper bound); N clients share 2 cores and a few GILs, so start-up
+and the other clients' CPU are bounds, not estimates.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -44,15 +52,21 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from jdtensor._deadline import Deadline  # noqa: E402
-from jdtensor._wire import encode  # noqa: E402
-from jdtensor.heartbeat.exchange import LinkExchange  # noqa: E402
-from jdtensor.heartbeat.flight import RUNNING  # noqa: E402
-from jdtensor.heartbeat.protocol import BeatLayout  # noqa: E402
+from jdtensor._env import HeartbeatSettings  # noqa: E402
+from jdtensor._wire import Frames, encode, encode_binary  # noqa: E402
+from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange  # noqa: E402
+from jdtensor.heartbeat.flight import RUNNING, WAITING  # noqa: E402
+from jdtensor.heartbeat.interfaces import ProcessHooks  # noqa: E402
+from jdtensor.heartbeat.protocol import Heartbeat  # noqa: E402
+from jdtensor.heartbeat.verdicts import Row  # noqa: E402
 from jdtensor.launcher import free_ports  # noqa: E402
 from jdtensor.runtime import rendezvous  # noqa: E402
 
 SECRET = "pod-scale-bench-" * 4
 TIMEOUT = 300.0
+PERIOD = 2.0  # The default period.
+STALL_TIMEOUT = 4.0
+CPU_BEATS = 10  # Beats over which the heartbeat's CPU is measured.
 
 
 def _jobs(n: int, port: int) -> tuple[str, ...]:
@@ -64,18 +78,61 @@ def _open_files() -> int:
   return len(os.listdir("/proc/self/fd"))
 
 
-def worker(n: int, port: int, first: int, step: int) -> None:
-  """Clients first, first + step, ... of `n` as threads: waits for a line
-  on stdin, meets client 0, prints one line per client, then waits for
-  stdin to close before closing its links."""
+class _StandInRecorder:
+  """What JAX's main thread would show: one phase since `since` (wall time)."""
+  at_exit, joined = False, True
+
+  def __init__(self, phase: int, since: float):
+    self.phase, self.since = phase, since
+
+  def sample(self, busy: float = 0.0, idle_percent: float = 0.0) -> tuple[int, float]:
+    return self.phase, time.time() - self.since
+
+  def where(self) -> str:
+    return "bench_pod_scale.py (stand-in main thread)"
+
+
+class _StandInExchange(LinkExchange):
+  """The real exchange; only "has this client joined a collective" (a
+  question to JAX) is answered yes."""
+
+  def joined_collective(self) -> bool:
+    return True
+
+
+class _Hooks(ProcessHooks):
+  """The process as the heartbeat sees it, but a thread: the verdict's time
+  is noted where the real one tells the launcher (just before its exit), and
+  the exit is not taken."""
+
+  def __init__(self, client: int, verdicts: dict[int, tuple[float, list[int]]]):
+    self.client, self.verdicts = client, verdicts
+
+  def tell_launcher(self, clients: list[int], why: str, leaving: bool) -> None:
+    self.verdicts.setdefault(self.client, (time.time(), clients))
+
+  def terminate(self, code: int) -> None:
+    pass
+
+  def cpu_seconds(self) -> float:
+    return 0.0  # Idle: the stand-in main thread does nothing.
+
+
+def worker(n: int, port: int, mine: list[int], mode: str) -> None:
+  """Clients `mine` of `n` as threads. Commands on stdin: ``go`` meets
+  client 0 (one ``GO`` line per client, then ``MET``); ``beat T`` starts
+  every client's heartbeat (the failing client, n - 1, stalls from wall
+  time T in mode ``stall``; ``BEATING`` once every first exchange is done);
+  ``report`` prints each client's verdict (``V client time culprits``);
+  end of input ends the process."""
   soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
   resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+  threading.stack_size(256 * 1024)
   jobs = _jobs(n, port)
   settings = (("DTENSOR_JOB_NAME", "worker"),)
-  mine = list(range(first, n, step))
   start = threading.Event()
   results: dict[int, str] = {}
-  meetings = []
+  meetings: dict[int, Any] = {}
   lock = threading.Lock()
 
   def client(c: int) -> None:
@@ -90,59 +147,168 @@ def worker(n: int, port: int, first: int, step: int) -> None:
       return
     done = time.time()
     with lock:
-      meetings.append(meeting)
+      meetings[c] = meeting
       fds = _open_files() if c == 0 else 0
     results[c] = f"GO {c} {done:.6f} {time.thread_time() - cpu:.4f} {fds}"
   threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in mine]
   for t in threads:
     t.start()
   print("READY", flush=True)
-  sys.stdin.readline()
-  start.set()
-  for t in threads:
-    t.join(TIMEOUT + 10)
-  print("\n".join(results[c] for c in mine if c in results), flush=True)
-  print("END", flush=True)
-  sys.stdin.read()  # The links stay open until every worker is done.
+  verdicts: dict[int, tuple[float, list[int]]] = {}
+  beats = []
+  for line in sys.stdin:
+    command = line.split()
+    if command[0] == "go":
+      start.set()
+      for t in threads:
+        t.join(TIMEOUT + 10)
+      print("\n".join(results[c] for c in mine if c in results), flush=True)
+      print("MET", flush=True)
+    elif command[0] == "beat":
+      since = float(command[1])
+      hb_settings = HeartbeatSettings(
+          period=PERIOD, stall_timeout=STALL_TIMEOUT if mode == "stall" else 300.0)
+      for c in mine:
+        phase = RUNNING
+        if mode == "stall":
+          phase = RUNNING if c == n - 1 else WAITING
+        links = meetings[c].links
+        hb = Heartbeat(hb_settings, c, n, exchange=_StandInExchange(c, n, links),
+                       peers=links, process=_Hooks(c, verdicts),
+                       recorder=_StandInRecorder(phase, since))
+        links.watch(hb)
+        hb.start_threads()
+        beats.append(hb)
+      for hb in beats:
+        hb.ready.wait(TIMEOUT)
+      print("BEATING", flush=True)
+    elif command[0] == "report":
+      for c in mine:
+        if c in verdicts:
+          at, culprits = verdicts[c]
+          print(f"V {c} {at:.6f} {','.join(map(str, culprits))}")
+      print("END", flush=True)
+  os._exit(0)  # pylint: disable=protected-access  # Every thread is a daemon.
 
 
-def startup(n: int, processes: int) -> tuple[float, float, int]:
-  """(seconds to the last go, client 0's CPU seconds, its descriptors)."""
-  port = free_ports(1)[0]
-  procs = [subprocess.Popen(
-      [sys.executable, __file__, "--worker", str(n), str(port), str(w), str(processes)],
-      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-      for w in range(processes)]
-  try:
-    for p in procs:
+class _Workers:
+  """The worker processes of one run: client 0 alone, the failing client
+  (n - 1) alone, the others spread over `processes`."""
+
+  def __init__(self, n: int, processes: int, mode: str):
+    self.n = n
+    port = free_ports(1)[0]
+    rest = list(range(1, n - 1))
+    groups = [[0], [n - 1]] + [rest[w::processes] for w in range(processes)]
+    self.groups = [g for g in groups if g]
+    self.procs = [subprocess.Popen(
+        [sys.executable, __file__, "--worker", str(n), str(port), mode,
+         ",".join(map(str, g))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True) for g in self.groups]
+    for p in self.procs:
       assert p.stdout.readline().strip() == "READY"
-    started = time.time()
+
+  def tell(self, command: str, until: str, procs: list[Any] | None = None
+           ) -> list[list[str]]:
+    """Sends `command` to every worker; their lines up to `until`."""
+    procs = self.procs if procs is None else procs
     for p in procs:
-      p.stdin.write("go\n")
+      p.stdin.write(command + "\n")
       p.stdin.flush()
     lines = []
     for p in procs:
       for line in iter(p.stdout.readline, ""):
-        if line.strip() == "END":
+        if line.strip() == until:
           break
         lines.append(line.split())
-  finally:
-    for p in procs:
+    return lines
+
+  def cpu(self) -> list[float]:
+    """Each worker's CPU seconds so far (utime + stime)."""
+    out = []
+    for p in self.procs:
+      try:
+        with open(f"/proc/{p.pid}/stat") as f:
+          fields = f.read().rsplit(")", 1)[1].split()
+        out.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+      except (OSError, IndexError, ValueError):
+        out.append(float("nan"))
+    return out
+
+  def close(self) -> None:
+    for p in self.procs:
       try:
         p.stdin.close()
       except OSError:
         pass
-    for p in procs:
+    for p in self.procs:
       try:
         p.wait(30)
       except subprocess.TimeoutExpired:
         p.kill()
+        p.wait(10)
+
+
+def startup(workers: _Workers) -> tuple[float, float, int]:
+  """(seconds to the last go, client 0's CPU seconds, its descriptors)."""
+  started = time.time()
+  lines = workers.tell("go", "MET")
   errors = [" ".join(x) for x in lines if x[0] == "ERROR"]
-  if errors or len(lines) != n:
-    raise RuntimeError(f"{n} clients: {len(lines)} answered; {errors[:3]}")
+  if errors or len(lines) != workers.n:
+    raise RuntimeError(f"{workers.n} clients: {len(lines)} answered; {errors[:3]}")
   last = max(float(x[2]) for x in lines)
   zero = next(x for x in lines if x[1] == "0")
   return last - started, float(zero[3]), int(zero[4])
+
+
+def _verdicts(workers: _Workers, after: float, wait: float) -> list[list[str]]:
+  """Every survivor's verdict line, asking until all are in or `wait` s."""
+  survivors = workers.procs[:1] + workers.procs[2:]
+  deadline = time.time() + wait
+  while True:
+    lines = workers.tell("report", "END", survivors)
+    if len(lines) >= workers.n - 1 or time.time() > deadline:
+      return lines
+    time.sleep(0.5)
+
+
+def heartbeat_run(n: int, processes: int, mode: str, cpu_beats: int = CPU_BEATS
+                  ) -> dict[str, Any]:
+  """One run: start-up, the heartbeat's CPU (mode ``kill``), then the
+  failing client's end and every survivor's verdict."""
+  workers = _Workers(n, processes, mode)
+  out: dict[str, Any] = {}
+  try:
+    out["startup"] = startup(workers)
+    since = time.time()
+    workers.tell(f"beat {since:.6f}", "BEATING")
+    if mode == "kill":
+      time.sleep(2 * PERIOD)  # Warm-up.
+      before, wall = workers.cpu(), time.monotonic()
+      time.sleep(cpu_beats * PERIOD)
+      after, wall = workers.cpu(), time.monotonic() - wall
+      used = [a - b for a, b in zip(after, before)]
+      out["client0_cpu"] = 100.0 * used[0] / wall
+      others = sum(len(g) for g in workers.groups[2:])
+      out["other_cpu"] = 100.0 * sum(used[2:]) / wall / max(others, 1)
+      killed = time.time()
+      workers.procs[1].kill()
+      lines = _verdicts(workers, killed, 30.0)
+      start = killed
+    else:
+      start = since + STALL_TIMEOUT
+      time.sleep(max(0.0, start - time.time()) + 2 * PERIOD)
+      lines = _verdicts(workers, start, 30.0 + 2 * PERIOD)
+    named = [x for x in lines if x[0] == "V" and x[3] == str(n - 1)]
+    wrong = [x for x in lines if x[0] == "V" and x[3] != str(n - 1)]
+    if wrong or len(named) != n - 1:
+      raise RuntimeError(f"{n} clients, {mode}: {len(named)} of {n - 1} survivors "
+                         f"named client {n - 1}; others named: {wrong[:3]}")
+    out["detection"] = max(float(x[2]) for x in named) - start
+  finally:
+    workers.close()
+  return out
 
 
 class _CountingLinks:
@@ -156,7 +322,7 @@ class _CountingLinks:
     self.carrier = handler
 
   def send(self, message, to=None, skip=()):
-    size = len(encode(message))
+    size = len(encode_binary(message) if isinstance(message, bytes) else encode(message))
     targets = 1 if to is not None else self.n - 1 - len(skip)
     self.sent += size * targets
     self.largest = max(self.largest, size)
@@ -164,27 +330,24 @@ class _CountingLinks:
 
 def beat(n: int, beats: int = 3) -> tuple[int, int, int, float]:
   """(bytes a client sends, bytes a client receives, bytes client 0 sends,
-  client 0's CPU seconds) for one beat, with the real exchange on client 0."""
-  layout = BeatLayout(n)
+  client 0's CPU seconds) for one beat, with the real exchange on client 0:
+  the frames each link would bring, decoded, gathered and decided."""
   links = _CountingLinks(n)
   exchange = LinkExchange(0, n, links)
-  exchange.open()
-  rows = []
-  for c in range(1, n):
-    row = layout.row(c, 4242, False, RUNNING, 37, 3)
-    nonzero = np.flatnonzero(row)
-    rows.append((c, {"hb": "row", "i": nonzero.tolist(), "v": row[nonzero].tolist()}))
-  row_bytes = max(len(encode({**m, "b": 0})) for _, m in rows)
-  own = layout.row(0, 4242, False, RUNNING, 37, 3)
+  exchange.open(Heartbeat(HeartbeatSettings(), 0, n).decider)
   cpu = []
+  row_bytes = 0
   for b in range(beats):
     links.sent = 0
-    # What client 0's watching thread decodes from each link, then the sum.
-    frames = [encode({**m, "b": b}) for _, m in rows]
+    token = 0 if b == 0 else 4242
+    row = encode_binary(ROW_FRAME.pack(ord("R"), b, token, 0, RUNNING, 37, 3))
+    row_bytes = len(row)
+    frames = [Frames(lenient=True, binary=True) for _ in range(1, n)]
     started = time.thread_time()
-    for (c, _), frame in zip(rows, frames):
-      links.carrier(c, json.loads(frame))
-    exchange.all_reduce(own)
+    for c, frame in zip(range(1, n), frames):
+      for message in frame.feed(row):
+        links.carrier(c, message)
+    exchange.beat(Row(0, 4242, False, RUNNING, 37, 3, first=b == 0))
     cpu.append(time.thread_time() - started)
   return row_bytes, links.largest, links.sent, float(np.median(cpu))
 
@@ -193,25 +356,34 @@ def main(argv: list[str] | None = None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--clients", default="256,1024,4096")
   parser.add_argument("--processes", type=int, default=4)
-  parser.add_argument("--worker", nargs=4, type=int, help=argparse.SUPPRESS)
+  parser.add_argument("--cpu-beats", type=int, default=CPU_BEATS,
+                      help="beats over which the heartbeat's CPU is measured")
+  parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.worker:
-    n, port, first, step = args.worker
-    worker(n, port, first, step)
+    n, port, mode, mine = args.worker
+    worker(int(n), int(port), [int(c) for c in mine.split(",")], mode)
     return ""
   rows = ["| clients | start-up s | client 0 CPU s in it | client 0 descriptors | "
           "bytes a client sends a beat | bytes a client receives a beat | "
-          "bytes client 0 sends a beat | client 0 CPU a beat (ms) |",
-          "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+          "bytes client 0 sends a beat | client 0 CPU a beat (ms) | "
+          "client 0 heartbeat % of a core | other clients % (mean) | "
+          "SIGKILL detection s | stall detection s after the time-out |",
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   last = ""
   for n in (int(x) for x in args.clients.split(",")):
-    seconds, cpu, fds = startup(n, args.processes)
+    kill = heartbeat_run(n, args.processes, "kill", args.cpu_beats)
+    stall = heartbeat_run(n, args.processes, "stall")
+    seconds, cpu, fds = kill["startup"]
     sends, receives, zero_sends, beat_cpu = beat(n)
     rows.append(f"| {n} | {seconds:.2f} | {cpu:.2f} | {fds} | {sends} | {receives} | "
-                f"{zero_sends} | {beat_cpu * 1e3:.1f} |")
+                f"{zero_sends} | {beat_cpu * 1e3:.1f} | {kill['client0_cpu']:.2f} | "
+                f"{kill['other_cpu']:.3f} | {kill['detection']:.2f} | "
+                f"{stall['detection']:.2f} |")
     print(rows[-1], flush=True)
-    last = (f"pod scale: {n} clients: start-up {seconds:.2f} s, client 0 "
-            f"{zero_sends} bytes a beat")
+    last = (f"pod scale: {n} clients: detection {kill['detection']:.2f} s, client 0 "
+            f"heartbeat {kill['client0_cpu']:.2f}% of a core, {zero_sends} bytes a "
+            "beat at client 0")
   text = "\n".join(rows + ["", last])
   print(text)
   return text

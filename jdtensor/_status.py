@@ -233,6 +233,28 @@ def _cluster_view(statuses: Mapping[int, Mapping[str, Any]]) -> Mapping[str, Any
   return max(views, key=lambda s: s.get("beats", 0), default=None)
 
 
+def _percent(value: float) -> str:
+  return "-" if value != value else f"{value:.0f}%"  # NaN: not known here.
+
+
+def _own_view(statuses: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | None:
+  """Where no client here decides the beats (client 0 runs on another node):
+  a view of the clients here, from each one's own state; the waiting shares
+  are kept by client 0 alone."""
+  own = {c: s["own"] for c, s in statuses.items()
+         if isinstance(s.get("own"), list) and len(s["own"]) == 3}
+  if not own:
+    return None
+  n = max(own) + 1
+  unknown = [float("nan")] * n
+  phases = [own[c][0] if c in own else -1 for c in range(n)]
+  return {"phases": phases, "seconds": [own.get(c, [0, 0, 0])[1] for c in range(n)],
+          "busy": [own[c][2] if c in own else float("nan") for c in range(n)],
+          "waiting": unknown, "waited_for": unknown, "only": sorted(own),
+          **{k: v for k, v in next(iter(statuses.values())).items()
+             if k in ("window", "threshold")}}
+
+
 def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, Any]],
                   now: float | None = None) -> str:
   """The table `jdtensor status` prints for one run."""
@@ -243,7 +265,7 @@ def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, An
   head = (f"jdtensor launch (pid {run.get('pid')}): {run.get('num_clients')} "
           f"client(s), `{command}`, up {_duration(now - run.get('started', now))}, "
           f"restarts {run.get('restarts', 0)}, at {time.strftime('%H:%M:%S', time.localtime(now))}")
-  view = _cluster_view(statuses)
+  view = _cluster_view(statuses) or _own_view(statuses)
   if view is None:
     return head + ("\n(no client has answered yet: is the heartbeat on, and has "
                    "every client started it?)")
@@ -251,7 +273,7 @@ def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, An
   window = view.get("window", 0)
   rows = [("client", "phase", "for", "where (main thread)", "CPU %", "RSS", "beats",
            "restarts", "waiting", "waited for")]
-  for c in range(n):
+  for c in view.get("only", range(n)):
     own = statuses.get(c, {})
     phase = PHASE_NAMES.get(int(view["phases"][c]), "?")
     rss = own.get("rss_mib")
@@ -261,7 +283,7 @@ def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, An
         f"{view['busy'][c]:.0f}", f"{rss:.0f} MiB" if rss is not None else "-",
         str(own.get("beats", view.get("beats", "-"))),
         str(own.get("restarts", run.get("restarts", 0))),
-        f"{view['waiting'][c]:.0f}%", f"{view['waited_for'][c]:.0f}%"))
+        _percent(view["waiting"][c]), _percent(view["waited_for"][c])))
   widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
   right = {0, 4, 5, 6, 7, 8, 9}
   lines = [head, ""]
@@ -272,4 +294,7 @@ def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, An
   lines += ["", f"waiting: share of the last {window:g} s each client spent waiting "
             f"in collectives; waited for: share the others spent waiting for it "
             f"(straggler above {view.get('threshold', 0):g}%). Beat data {age:.1f} s old."]
+  if "only" in view:
+    lines.append("Only this node's clients: client 0, on another node, decides the "
+                 "beats and keeps every client's view and the waiting shares.")
   return "\n".join(lines)

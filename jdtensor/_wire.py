@@ -7,7 +7,10 @@ links that stay open after it (`jdtensor.runtime.rendezvous`,
 `jdtensor.runtime.links`), and the launchers of several nodes
 (`jdtensor.launcher.nodes`). Each frame is one JSON object on one line, at
 most `MAX_FRAME` bytes; every handshake proves itself with `handshake_proof`;
-addresses are ``host:port`` or ``[v6]:port``.
+addresses are ``host:port`` or ``[v6]:port``. The liveness links also carry
+the heartbeat's beats as short binary frames (`encode_binary`): a zero
+byte, the payload's length in one byte, the payload (no JSON line starts
+with a zero byte).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import hmac
 import json
 from typing import Any
 
-__all__ = ["MAX_FRAME", "Frames", "encode", "handshake_proof", "split_host_port",
-           "format_host_port", "socket_host"]
+__all__ = ["MAX_FRAME", "Frames", "encode", "encode_binary", "handshake_proof",
+           "split_host_port", "format_host_port", "socket_host"]
 
 # The largest frame accepted on the coordinator port, the links and between
 # launchers.
@@ -30,37 +33,59 @@ def encode(frame: dict[str, Any]) -> bytes:
   return (json.dumps(frame) + "\n").encode()
 
 
+def encode_binary(payload: bytes) -> bytes:
+  """One binary frame (at most 255 bytes of payload), ready to send."""
+  if len(payload) > 255:
+    raise ValueError(f"a binary frame of {len(payload)} bytes (at most 255)")
+  return bytes((0, len(payload))) + payload
+
+
 class Frames:
   """Newline-ended JSON objects from a byte stream, at most `MAX_FRAME` each.
 
   Args:
     lenient: Skip what is not a frame instead of raising (the liveness links:
       a peer already met can only be ignored, not refused).
-    limit: The largest frame accepted, in bytes (the liveness links, between
-      authenticated peers, carry the heartbeat's merged rows: 4 values a
-      client).
+    limit: The largest frame accepted, in bytes.
+    binary: Accept binary frames (`encode_binary`; the liveness links): they
+      come out as `bytes`, the JSON ones as dictionaries.
   """
 
-  def __init__(self, lenient: bool = False, limit: int = MAX_FRAME) -> None:
+  def __init__(self, lenient: bool = False, limit: int = MAX_FRAME,
+               binary: bool = False) -> None:
     self._buf = b""
     self._lenient = lenient
     self._limit = limit
+    self._binary = binary
 
-  def feed(self, data: bytes) -> list[dict[str, Any]]:
+  def feed(self, data: bytes) -> list[Any]:
     """The complete frames so far.
 
     Raises:
       ValueError: For anything malformed (never when lenient).
     """
-    self._buf += data
-    frames = []
-    while b"\n" in self._buf:
-      line, self._buf = self._buf.split(b"\n", 1)
+    buf = self._buf + data if self._buf else data
+    frames: list[Any] = []
+    start, end = 0, len(buf)
+    while start < end:
+      if self._binary and buf[start] == 0:
+        if end - start < 2 or end - start < 2 + buf[start + 1]:
+          break
+        size = buf[start + 1]
+        frames.append(buf[start + 2:start + 2 + size])
+        start += 2 + size
+        continue
+      stop = buf.find(b"\n", start)
+      if stop < 0:
+        break
+      line, start = buf[start:stop], stop + 1
       try:
         frames.append(self._parse(line))
       except ValueError:
         if not self._lenient:
+          self._buf = buf[start:]
           raise
+    self._buf = buf[start:]
     if len(self._buf) > self._limit:
       if not self._lenient:
         raise ValueError(f"more than {self._limit} bytes without a line end")

@@ -175,7 +175,7 @@ LAYERS = [
     ("the state owner", ["runtime.state", "runtime"]),
     ("runtime users", ["runtime.interop"]),
     ("heartbeat leaves", ["heartbeat.departure", "heartbeat.flight", "heartbeat.interfaces",
-                          "heartbeat.stragglers", "heartbeat.protocol",
+                          "heartbeat.stragglers", "heartbeat.verdicts", "heartbeat.protocol",
                           "heartbeat.exchange"]),
     ("heartbeat", ["heartbeat"]),
     ("DTensor's face", ["config", "api", "mesh_util", "tpu.mesh", "tpu.system",

@@ -63,7 +63,7 @@ from jdtensor import _logging as logging
 from jdtensor.errors import NotInitializedError, PeerFailureError
 from jdtensor.heartbeat.departure import Departure, ExitGuard, SystemExitWatch
 from jdtensor.heartbeat.exchange import LinkExchange
-from jdtensor.heartbeat.flight import AT_EXIT, MainThreadRecorder, format_stacks
+from jdtensor.heartbeat.flight import MainThreadRecorder, format_stacks
 from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.protocol import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, HOST_EXIT_WAIT,
                                          OWN_FAILURE_EXIT_CODE, POLICIES, ROLL_CALL_GRACE,
@@ -339,8 +339,7 @@ def _wait_for_the_agreed_end(hb: Heartbeat, patience: float, me: int) -> bool:
   """
   if hb.stopped.wait(patience):
     return True
-  others = ([c for c, p in enumerate(hb.cluster[0]) if p != AT_EXIT]
-            if hb.cluster is not None else [])
+  others = [c for c in hb.clients("running") or () if c != me]
   logging.warning("jdtensor: client %d ended its script; waiting for client%s %s, "
                   "still running and beating, to end theirs.", me,
                   "s" if len(others) != 1 else "", ", ".join(map(str, others)) or "?")

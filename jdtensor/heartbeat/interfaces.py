@@ -15,29 +15,50 @@ from typing import Any
 import numpy as np
 
 from jdtensor.errors import PeerFailureError
+from jdtensor.heartbeat.verdicts import Decider, Outcome, Row
 
 __all__ = ["Exchange", "Peers", "ProcessHooks"]
 
 
 class Exchange:
-  """What the beats run on: a sum of one row per client, and a small shared
-  store. The production one is `jdtensor.heartbeat.exchange.LinkExchange`;
-  a test subclasses this and implements `all_reduce` (the rest default to a
-  store that nobody else reads).
+  """What the beats run on: every client's row in, one outcome out, and a
+  small shared store.
+
+  The production one is `jdtensor.heartbeat.exchange.LinkExchange`: the rows
+  meet on client 0, which decides and sends every client the outcome. By
+  default (a test's exchange, which implements `all_reduce`), every client
+  gets the whole sum and decides from it with its own `Decider`: the same
+  beats give every client the same outcome. The store defaults to one that
+  nobody else reads.
 
   Attributes:
     close_timeout: Seconds the teardown (`close`) may take.
   """
   close_timeout: float = 60.0
+  _decider: Decider | None = None
 
-  def open(self) -> None:
-    """Starts this client's end; run on the heartbeat thread before the first
-    exchange."""
+  def open(self, decider: Decider | None = None) -> None:
+    """Starts this client's end, with the decider of this client's beats;
+    run on the heartbeat thread before the first exchange."""
+    self._decider = decider
+
+  def beat(self, row: Row) -> Outcome:
+    """One beat: this client's row in, the beat's outcome (the same on every
+    client) out. Blocks until every client's row is in."""
+    decider = self._decider
+    assert decider is not None, "open() first"
+    merged = self.all_reduce(row.vector(decider.num_clients))
+    return decider.first(merged) if row.first else decider.decide(merged)
 
   def all_reduce(self, row: np.ndarray) -> np.ndarray:
     """The element-wise sum of every client's `row` (every client gets the
     same)."""
     raise NotImplementedError
+
+  def ask(self, what: str, timeout: float) -> list[int] | None:
+    """Where the beats are decided elsewhere: that decider's answer to
+    `Decider.clients(what)`, waiting up to `timeout` s (None: no answer)."""
+    return None
 
   def roll_call(self, beat: int, grace: float) -> set[int] | None:
     """Says "this client is in `beat`" where every client can see it, waits

@@ -1,16 +1,17 @@
 """The heartbeat protocol: beats, the watchdog, the verdicts and the policies.
 
-No JAX and no sockets here: the exchange (the all-reduce and its store), the
+No JAX and no sockets here: the exchange (the beat and its store), the
 peers (the liveness links), the process's hooks and the main-thread recorder
 are small objects given to `Heartbeat`, so tests run several clients as
 threads with fakes of a few lines. `jdtensor.heartbeat` wires it to the liveness
 links (which carry the exchange too) and the process.
 
-One beat is an all-reduce of an int32 vector in which each client fills only
-its own slots (`BeatLayout`): DTensor's token, a stop request, and what its
-main thread is doing (`jdtensor.heartbeat.flight`: phase, seconds in it, how busy the
-process was). Every client sees the same merged vector, so every client
-reaches the same verdict at the same beat:
+In one beat each client sends a row (`jdtensor.heartbeat.verdicts.Row`):
+DTensor's token, a stop request, and what its main thread is doing
+(`jdtensor.heartbeat.flight`: phase, seconds in it, how busy the process
+was). Where the rows meet, a `Decider` turns them into one outcome, which
+every client receives, so every client reaches the same verdict at the same
+beat (`jdtensor.heartbeat.verdicts` says how each is decided):
 
 * **dead** (the process is gone): the liveness links, within milliseconds;
 * **stuck** (alive, but its heartbeat cannot run: SIGSTOP, swap, a GIL held
@@ -46,6 +47,10 @@ from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
+from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
+                                         IDLE_PERCENT, OUT_OF_SYNC, STALLED,
+                                         BeatLayout, Decider, Outcome, Row, Verdict,
+                                         to_ranges)
 from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, PeerFailureError, reported_by,
                              without_reported_by)
 
@@ -64,10 +69,6 @@ FIRST_EXCHANGE_ALLOWANCE = 30.0
 # Seconds an overdue beat's roll call waits for the healthy clients to answer
 # (they are blocked in the same beat, and their deadlines expire together).
 ROLL_CALL_GRACE = 1.0
-# A client that waits in a collective counts as blocked only while its process
-# uses less than this share of one core (a process that computes the rest of
-# a program after the collective is busy, not blocked).
-IDLE_PERCENT = 25
 # Seconds the watchdog may be late before it concludes its process was frozen.
 _PAUSE_TOLERANCE = 2.0
 _TICK = 1.0
@@ -75,48 +76,13 @@ _TICK = 1.0
 # other clients' processes to end before its own exit (their JAX clients
 # abort the moment the service is gone).
 HOST_EXIT_WAIT = 5.0
-_NOT_JOINED = 8
+# Lists of clients in messages: longer ones are shown as runs ("3-4095").
+_LISTED = 8
 
 
 def exit_grace_for(period: float) -> float:
   """Seconds a client at exit and a blocked waiter make a "left early"."""
   return max(3.0, 2.0 * period)
-
-
-class BeatLayout:
-  """Where each value sits in the beat vector of `n` clients."""
-
-  def __init__(self, n: int):
-    self.n = n
-    self.stop = n
-    self.width = 4 * n + 1
-
-  def row(self, client: int, token: int, stop: bool, phase: int, seconds: float,
-          busy: int, joined: bool = True) -> np.ndarray:
-    row = np.zeros(self.width, np.int32)
-    n = self.n
-    row[client] = token
-    row[self.stop] = int(stop)
-    # The phase slot also says whether the client has joined a collective
-    # (8 is above every phase): a client still in set-up is never a staller.
-    row[n + 1 + client] = phase | (0 if joined else _NOT_JOINED)
-    row[2 * n + 1 + client] = min(int(seconds), 2**31 - 1)
-    row[3 * n + 1 + client] = max(0, min(int(busy), 10**6))
-    return row
-
-  def tokens(self, merged: np.ndarray) -> np.ndarray:
-    return merged[:self.n]
-
-  def states(self, merged: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(phase, seconds in it, busy percent) per client."""
-    n = self.n
-    return (merged[n + 1:2 * n + 1] & (_NOT_JOINED - 1), merged[2 * n + 1:3 * n + 1],
-            merged[3 * n + 1:])
-
-  def joined(self, merged: np.ndarray) -> np.ndarray:
-    """Per client: whether it has joined a collective yet (set-up is over)."""
-    n = self.n
-    return (merged[n + 1:2 * n + 1] & _NOT_JOINED) == 0
 
 
 class _WakingEvent(threading.Event):
@@ -145,8 +111,14 @@ class _Idle:
 
 
 def _names(clients: list[int]) -> str:
-  return (f"client{'s' if len(clients) > 1 else ''} "
-          f"{', '.join(map(str, clients))}")
+  """``client 3`` or ``clients 0, 2, 3``; a long list as runs (``clients
+  0, 2-4095``), so that a message stays a line at any scale."""
+  if len(clients) <= _LISTED:
+    text = ", ".join(map(str, clients))
+  else:
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}"
+                     for a, b in to_ranges(clients))
+  return f"client{'s' if len(clients) > 1 else ''} {text}"
 
 
 def _first_line(error: BaseException) -> str:
@@ -195,9 +167,12 @@ class Heartbeat:
     self._on_failure = process.on_failure
     self._cpu, self._clock = process.cpu_seconds, process.clock
     self._process = process
-    self.waits = WaitLedger(num_clients, settings.straggler_window,
-                            settings.straggler_threshold, self.period)
-    self._waits_since: float | None = None  # When the ledger started counting.
+    # Decides this client's beats where the exchange hands it every row (on
+    # the liveness links: client 0's decides for everyone).
+    self.decider = Decider(num_clients, self.exit_grace, self.stall_timeout,
+                           WaitLedger(num_clients, settings.straggler_window,
+                                      settings.straggler_threshold, self.period),
+                           self._clock)
     self._has_joined = False
     # Wakes the beat thread early: the stop, or this client reaching its end
     # (so that a run whose clients end together agrees on it in one beat,
@@ -219,21 +194,24 @@ class Heartbeat:
     self.exiting: str | None = None  # None, "finished" or "failed".
     self.departed: dict[int, float] = {}  # Clients that ended normally.
     self.leaving: set[int] = set()  # Clients that announced they are leaving.
-    self.cluster: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    self._all_waiting_logged = False
-    self.cluster_joined: np.ndarray | None = None
+    self.own_state: tuple[int, int, int] | None = None  # Last row's phase, s, busy.
     self._fail_lock = threading.Lock()
     self._beat_started: float | None = None
     self._beat_changed = threading.Condition()  # Wakes the watchdog.
     self._last_beat = self._clock()  # Every client was alive then.
     self._threads: list[threading.Thread] = []
 
+  @property
+  def waits(self) -> WaitLedger:
+    """The waiting ledger (kept where the beats are decided)."""
+    return self.decider.waits
+
   # -- the beat thread ----------------------------------------------------------
 
-  def _timed_exchange(self, row: np.ndarray) -> np.ndarray | None:
-    """One beat; None (and the failure recorded) if the all-reduce failed.
+  def _timed_exchange(self, row: Row) -> Outcome | None:
+    """One beat; None (and the failure recorded) if the exchange failed.
 
-    Only an error of the all-reduce itself is a missed beat; an error in the
+    Only an error of the exchange itself is a missed beat; an error in the
     rest of this code is this client's own (see `_run`).
     """
     started = self._clock()
@@ -241,7 +219,7 @@ class Heartbeat:
       self._beat_started = started
       self._beat_changed.notify_all()
     try:
-      merged = self._exchange.all_reduce(row)  # type: ignore[union-attr]
+      outcome = self._exchange.beat(row)  # type: ignore[union-attr]
     except Exception as e:  # pylint: disable=broad-except
       self._fail(*self._missed(self.beats + 1, self.stuck_timeout,
                                f" (the beat failed: {_first_line(e)})"))
@@ -251,7 +229,7 @@ class Heartbeat:
       self._beat_started = None
       self._beat_changed.notify_all()
     self.beat_seconds += self._last_beat - started
-    return merged
+    return outcome
 
   def first_exchange(self) -> None:
     """Starts the exchange and spreads client 0's token (DTensor's first
@@ -259,23 +237,23 @@ class Heartbeat:
     n = self.num_clients
     token = int(np.random.default_rng().integers(0, 2**16 - 1))
     self._roll_call(0, 0.0)  # The start marker: "this client started".
-    row = self.layout.row(self.client_id, 0, False, RUNNING, 0, 0)
-    if self.client_id == 0:
-      row[:n] = token
-    logging.info("Initial heartbeat signal: %s", row[:n])
-    result: list[np.ndarray] = []
+    if self.client_id != 0:
+      token = 0
+    row = Row(self.client_id, token, False, RUNNING, 0, 0, first=True)
+    logging.info("Initial heartbeat signal: %s", np.full(n, token, np.int32))
+    result: list[Outcome] = []
     errors: list[BaseException] = []
     open_errors: list[BaseException] = []
 
     def run() -> None:
       if self._exchange is not None:
         try:
-          self._exchange.open()
+          self._exchange.open(self.decider)
         except BaseException as e:  # pylint: disable=broad-except
           open_errors.append(e)
           return
       try:
-        result.append(self._exchange.all_reduce(row))  # type: ignore[union-attr]
+        result.append(self._exchange.beat(row))  # type: ignore[union-attr]
       except BaseException as e:  # pylint: disable=broad-except
         errors.append(e)
     waited = self.stuck_timeout + FIRST_EXCHANGE_ALLOWANCE
@@ -289,16 +267,21 @@ class Heartbeat:
       detail = f" (it failed: {_first_line(errors[0])})" if errors else ""
       self._fail(*self._missed(0, waited, detail))
       return
-    merged = result[0][:n]
-    logging.info("Merged heartbeat signal %s", merged)
-    if self.client_id == 0 and not np.all(merged == token):
-      bad = [c for c in range(n) if merged[c] != token]
+    outcome = result[0]
+    verdict = outcome.verdict
+    if verdict is None or verdict.kind != FIRST_TOKENS:
+      logging.info("Merged heartbeat signal %s", np.full(n, outcome.token, np.int32))
+    elif self.client_id == 0:
+      slots = np.asarray(verdict.tokens)
+      logging.info("Merged heartbeat signal %s", slots)
+      bad = np.flatnonzero(slots != token).tolist()
       self._fail(f"heartbeat: Merged heartbeat signal has value != {token} "
                  f"(clients {', '.join(map(str, bad))})", bad)
-    elif len(set(merged.tolist())) != 1:
+    else:
+      logging.info("Merged heartbeat signal %s", np.asarray(verdict.tokens))
       self._fail("heartbeat: Merged heartbeat signal has unequal elements "
-                 f"{merged.tolist()}", list(range(n)))
-    self.token = int(merged[0])
+                 f"{list(verdict.tokens)}", list(range(n)))
+    self.token = outcome.token
     self._last_beat = self._clock()
     self.ready.set()
 
@@ -337,52 +320,39 @@ class Heartbeat:
       busy = 100.0 * (now_cpu - cpu) / max(now - wall, 1e-3)
       wall, cpu = now, now_cpu
       phase, seconds = self.recorder.sample(busy, IDLE_PERCENT)
-      merged = self._timed_exchange(self.layout.row(
-          self.client_id, self.token, stop, phase, seconds, int(busy),
-          self._joined(phase, seconds)))
-      if merged is None:
+      row = Row(self.client_id, self.token, stop, phase, seconds, int(busy),
+                self._joined(phase, seconds))
+      self.own_state = (int(phase), *row.clamped)
+      outcome = self._timed_exchange(row)
+      if outcome is None:
         break
       self.beats += 1
-      logging.vlog(2, "Received heartbeat signal %s", merged)
-      tokens = self.layout.tokens(merged)
-      if np.any(tokens != self.token):
-        self._token_mismatch(tokens)
+      logging.vlog(2, "Heartbeat outcome %s", outcome)
+      verdict = outcome.verdict
+      if verdict is not None and verdict.kind == OUT_OF_SYNC:
+        self._out_of_sync(verdict)
         break
-      phases, secs, busy_all = self.cluster = self.layout.states(merged)
-      self.cluster_joined = self.layout.joined(merged)
-      self._count_waits(phases)
-      if merged[self.layout.stop] > 0 or np.all(phases == AT_EXIT):
+      for client, share in outcome.stragglers:
+        self._straggler(client, share)
+      if outcome.end:
         logging.info("Exiting the heartbeat thread normally")
-        self._process.publish_waits(
-            self.waits.run_shares(),
-            self._clock() - self._waits_since if self._waits_since is not None else 0.0)
+        if self.decider.view is not None:  # The ledger was kept here.
+          self._process.publish_waits(self.decider.waits.run_shares(),
+                                      self.decider.run_seconds())
         break
-      self._judge(phases, secs, busy_all, self.cluster_joined)
+      if verdict is not None:
+        self._act_on(verdict)
       if self._process.status_wanted():
         self._process.publish_status(self.status())
 
   # -- waiting and stragglers (never a verdict) ---------------------------------
 
-  def _count_waits(self, phases: np.ndarray) -> None:
-    """Adds this beat to the waiting ledger and names new stragglers. It
-    starts at the first beat with a client waiting in a collective it has
-    joined (before that, the clients are still setting up; a straggler in its
-    own code at every beat is never asked whether it joined)."""
-    if self._waits_since is None:
-      joined = self.cluster_joined
-      if joined is None or not bool(np.any(joined & (phases == WAITING))):
-        return
-      self._waits_since = self._clock()
-    for client in self.waits.add(phases):
-      self._straggler(client)
-
-  def _straggler(self, client: int) -> None:
+  def _straggler(self, client: int, share: float) -> None:
     """Logs, once on every client, that the others wait for `client`, with
     where its main thread is (it shares it; the others fetch it off the beat
     thread, so a beat is never held up)."""
-    share = self.waits.waited_for()[client]
     text = (f"heartbeat: client {client} is a straggler: the others waited for it "
-            f"{share:.0f}% of the last {self.waits.window:g} s")
+            f"{share:.0f}% of the last {self.decider.waits.window:g} s")
     key = f"straggler/{client}/{self.beats}"
     if client == self.client_id:
       where = self.recorder.where()
@@ -397,16 +367,23 @@ class Heartbeat:
                      name="jdtensor-heartbeat-straggler").start()
 
   def status(self) -> dict[str, Any]:
-    """What `jdtensor status` shows of this client and its view of every
-    client (the last merged beat and the waiting shares)."""
-    phases, seconds, busy = self.cluster if self.cluster is not None else ([], [], [])
+    """What `jdtensor status` shows of this client: its own state and, where
+    the beats are decided (client 0 on the liveness links), every client's
+    (the last merged beat and the waiting shares)."""
+    waits = self.decider.waits
     return {"client": self.client_id, "beats": self.beats, "period": self.period,
-            "phases": [int(p) for p in phases], "seconds": [int(v) for v in seconds],
-            "busy": [int(v) for v in busy],
-            "waiting": [round(float(v), 1) for v in self.waits.waiting()],
-            "waited_for": [round(float(v), 1) for v in self.waits.waited_for()],
-            "window": self.waits.window, "threshold": self.waits.threshold,
+            "own": list(self.own_state) if self.own_state is not None else None,
+            **self.decider.status(),
+            "window": waits.window, "threshold": waits.threshold,
             "where": self.recorder.where()}
+
+  def clients(self, what: str) -> list[int] | None:
+    """`Decider.clients(what)` from the last beat: this client's decider's
+    if it decides, else the deciding client's answer (None: no answer)."""
+    local = self.decider.clients(what)
+    if local is not None or self._exchange is None:
+      return local
+    return self._exchange.ask(what, ROLL_CALL_GRACE)
 
   def _joined(self, phase: int, seconds: float) -> bool:
     """Whether this client has joined a collective (set-up is over); asked
@@ -421,45 +398,26 @@ class Heartbeat:
       self._has_joined = bool(self._joined_collective())
     return self._has_joined
 
-  # -- verdicts -----------------------------------------------------------------
+  # -- verdicts (decided in `jdtensor.heartbeat.verdicts`, said here) -----------
 
-  def _judge(self, phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
-             joined: np.ndarray | None = None) -> None:
-    """The same verdict on every client, from the same merged beat."""
+  def _act_on(self, verdict: Verdict) -> None:
+    """Says a beat's verdict in this client's words and applies the policy."""
     n = self.num_clients
-    if joined is None:
-      joined = np.ones(n, bool)
-    blocked = [c for c in range(n) if phases[c] == WAITING and busy[c] < IDLE_PERCENT]
-    gone = [c for c in range(n) if phases[c] == AT_EXIT
-            and seconds[c] >= self.exit_grace]
-    stuck_for_them = [c for c in blocked if seconds[c] >= self.exit_grace]
-    if gone and stuck_for_them:
-      # One idle waiter proves the early exit; the message names every client
-      # waiting in a collective, busy or not (a busy waiter, e.g. client 0
-      # serving the coordination service, waits for it just the same).
-      waiting = [c for c in range(n) if phases[c] == WAITING]
+    if verdict.kind == EARLY_EXIT:
+      gone, waiting = list(verdict.culprits), list(verdict.waiting)
       self._fail(f"heartbeat: {_names(gone)} exited (code 0) while the others "
                  f"were still running ({_names(waiting)} "
                  f"{'wait' if len(waiting) > 1 else 'waits'} in a "
                  "collective)", gone)
-      return
-    limit = self.stall_timeout
-    if limit <= 0:
-      return
-    # A staller runs its own code, idle, for the whole time-out, after its
-    # set-up (a slow first step is not a stall); a busy client is slow, not
-    # stalled.
-    running = [c for c in range(n) if phases[c] == RUNNING and seconds[c] >= limit]
-    idle = [c for c in running if busy[c] < IDLE_PERCENT and joined[c]]
-    long_wait = [c for c in blocked if seconds[c] >= limit]
-    if len(running) == 1 and len(idle) == 1 and len(long_wait) == n - 1:
-      self._stalled(idle[0], int(seconds[idle[0]]), long_wait)
-    elif len(long_wait) == n and not self._all_waiting_logged:
-      self._all_waiting_logged = True
+    elif verdict.kind == STALLED:
+      staller = verdict.culprits[0]
+      self._stalled(staller, verdict.seconds,
+                    [c for c in range(n) if c != staller])
+    elif verdict.kind == ALL_WAITING:
       text = (f"heartbeat: every client has waited in a collective for "
-              f"{int(limit)} s or more: a long computation, or a deadlock "
-              "(clients that issued different collectives); this client "
-              f"({self.client_id}): main thread in {self.recorder.where()}")
+              f"{int(self.stall_timeout)} s or more: a long computation, or a "
+              "deadlock (clients that issued different collectives); this "
+              f"client ({self.client_id}): main thread in {self.recorder.where()}")
       if self.stall_kill_all_waiting:
         self._fail(text, list(range(n)))
       else:
@@ -478,30 +436,28 @@ class Heartbeat:
                [staller], exit_code=(OWN_FAILURE_EXIT_CODE
                                      if staller == self.client_id else EXIT_CODE))
 
-  def _token_mismatch(self, slots: np.ndarray) -> None:
-    """Names the out-of-sync clients: those not holding the cluster's token.
-
-    The cluster's token is the one most slots hold (client 0's on a tie), so
-    a restarted client blames itself rather than everyone else.
-    """
+  def _out_of_sync(self, verdict: Verdict) -> None:
+    """Names the clients whose slots lack the cluster's token (a restarted
+    client blames itself: `Decider` takes the token most slots hold)."""
     me = self.client_id
-    if int(slots[me]) != self.token:
+    mine = verdict.token_of(me)
+    cluster_token = verdict.cluster_token
+    if mine != self.token:
       # Only this client writes its slot: the exchange itself is broken.
       self._fail(f"heartbeat: beat {self.beats} returned a wrong sum: this "
                  f"client ({me}) sent token {self.token} but its slot holds "
-                 f"{int(slots[me])} (all slots: {slots.tolist()})", [me],
+                 f"{mine} (the cluster's token: {cluster_token})", [me],
                  exit_code=OWN_FAILURE_EXIT_CODE)
       return
-    values, counts = np.unique(slots, return_counts=True)
-    best = values[counts == counts.max()]
-    cluster_token = int(slots[0]) if len(best) > 1 else int(best[0])
-    wrong = [c for c in range(len(slots)) if slots[c] != cluster_token]
-    if me in wrong:
+    if me in verdict.culprits:
       self._fail(f"heartbeat: this client ({me}) is out of sync: it sent token "
                  f"{self.token}, the cluster's is {cluster_token} in beat "
                  f"{self.beats}", [me], exit_code=OWN_FAILURE_EXIT_CODE)
       return
-    sent = ", ".join(str(int(slots[c])) for c in wrong)
+    wrong = list(verdict.culprits)
+    sent = ", ".join(str(t) for t in verdict.tokens[:_LISTED])
+    if len(wrong) > _LISTED:
+      sent += ", ..."
     self._fail(f"heartbeat: {_names(wrong)} sent token {sent} instead of "
                f"{cluster_token} in beat {self.beats} (restarted or out of sync)",
                wrong)
@@ -510,10 +466,8 @@ class Heartbeat:
     """This client's collective gave up after `waited` s setting up with a
     client that never joined it: names the clients still in their set-up
     (never joined a collective), from the last beat, as the cause."""
-    joined = self.cluster_joined
-    if joined is None or self.cluster is None:
-      return
-    late = [c for c in range(self.num_clients) if not joined[c] and c != self.client_id]
+    unjoined = self.clients("unjoined")
+    late = [c for c in unjoined or () if c != self.client_id]
     if not late:
       return
     they = "they were" if len(late) > 1 else "it was"
@@ -597,12 +551,14 @@ class Heartbeat:
             "log": "carrying on (policy 'log')"}[self.policy]
 
   def _fail(self, core: str, ids: list[int], exit_code: int = EXIT_CODE,
-            public: str | None = None) -> None:
+            public: str | None = None, told: bool = False) -> None:
     """Records a failure (`core` says what happened) and applies the policy.
 
     A failure that names other clients is told to every client (and to the
     launcher); one that names this client is told as `public`, if given
-    (the others would read "this client" as themselves).
+    (the others would read "this client" as themselves). One every client
+    was `told` already (another client's report, a departure) is not told
+    again: at N clients that would be N reports, each relayed to N clients.
     """
     with self._fail_lock:
       if self.failure is not None or self.exiting == "failed":
@@ -620,7 +576,8 @@ class Heartbeat:
     # to end by itself rather than stopping it.
     leaving = self.terminating
     if culprits:
-      self._announce(culprits, core)
+      if not told:
+        self._announce(culprits, core)
       self._report(culprits, core, leaving)
     elif own:
       self._report([self.client_id], public or core, leaving)
@@ -678,7 +635,7 @@ class Heartbeat:
       why = reported_by(why, reporter)
     self._fail(why, clients,
                exit_code=(OWN_FAILURE_EXIT_CODE if self.client_id in clients
-                          else EXIT_CODE))
+                          else EXIT_CODE), told=True)
 
   def peer_left(self, client: int, code: int, why: str, failure: bool) -> None:
     """A client announced it is leaving: with a failure, or finished."""
@@ -688,7 +645,7 @@ class Heartbeat:
       return
     if why.startswith("exited") and self.exiting is None:
       why += " while the others were still running"
-    self._fail(f"heartbeat: client {client} {why}", [client])
+    self._fail(f"heartbeat: client {client} {why}", [client], told=True)
 
   def peer_notice(self, client: int, text: str) -> None:
     """Logs what another client said that is not a verdict."""

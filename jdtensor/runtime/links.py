@@ -15,15 +15,15 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 
-from jdtensor._wire import Frames, encode
+from jdtensor._wire import Frames, encode, encode_binary
 
 __all__ = ["Links", "LINK_FRAME", "SERVICE_UP"]
 
 _TCP_ESTABLISHED = 1
 # The largest message on a link: the peers are authenticated, and the
-# heartbeat's merged row holds 4 values a client (about 100 clients a KiB).
+# largest messages are a stack or a verdict's text.
 LINK_FRAME = 16 * 1024 * 1024
-# What one read takes from a link: a merged beat of a few hundred clients.
+# What one read takes from a link.
 _RECV_BYTES = 65536
 # Client 0's word, during start-up, that its JAX coordination service listens.
 SERVICE_UP = "service"
@@ -62,8 +62,10 @@ class Links:
   * ``service_up()``: client 0's JAX coordination service listens (said
     once, during start-up).
 
-  Messages with an ``hb`` key are the heartbeat's exchange (`carry`): they go
-  to its handler, on the same thread, and are never relayed.
+  Messages with an ``hb`` key, and every binary frame (a beat's row or
+  outcome, `jdtensor._wire.encode_binary`), are the heartbeat's exchange
+  (`carry`): they go to its handler, on the same thread, and are never
+  relayed.
   """
 
   def __init__(self, client_id: int, sockets: dict[int, socket.socket]):
@@ -79,10 +81,10 @@ class Links:
     # One sender at a time on every connection: a message is never split by
     # another thread's.
     self._send_lock = threading.Lock()
-    self._carrier: Callable[[int, dict[str, object]], None] | None = None
-    self._carried: list[tuple[int, dict[str, object]]] = []  # Before `carry`.
+    self._carrier: Callable[[int, dict[str, object] | bytes], None] | None = None
+    self._carried: list[tuple[int, dict[str, object] | bytes]] = []  # Before `carry`.
 
-  def carry(self, handler: Callable[[int, dict[str, object]], None]) -> None:
+  def carry(self, handler: Callable[[int, dict[str, object] | bytes], None]) -> None:
     """Hands every exchange message (an ``hb`` key) to `handler(client,
     message)` on the watching thread, those already received first."""
     with self._lock:
@@ -109,7 +111,8 @@ class Links:
     # epoll, not select(): client 0 holds a link per client, and any
     # descriptor past 1024 (a run of 500 clients, or a data loader's open
     # files) breaks select(). A wake-up costs what is ready, not N.
-    frames = {client: Frames(lenient=True, limit=LINK_FRAME) for client in self._sockets}
+    frames = {client: Frames(lenient=True, limit=LINK_FRAME, binary=True)
+              for client in self._sockets}
     selector = selectors.DefaultSelector()
     with self._lock:
       for client, sock in self._sockets.items():
@@ -148,13 +151,10 @@ class Links:
     finally:
       selector.close()
 
-  def _dispatch(self, client: int, message: dict[str, object]) -> None:
-    if message.get("bye"):  # Its end of stream is now a normal exit.
-      self._said_bye.add(client)
-      return
-    if self._closing:
-      return
-    if "hb" in message:
+  def _dispatch(self, client: int, message: dict[str, object] | bytes) -> None:
+    if isinstance(message, bytes) or "hb" in message:
+      if self._closing:
+        return
       with self._lock:
         carrier = self._carrier
         if carrier is None:
@@ -162,11 +162,19 @@ class Links:
       if carrier is not None:
         carrier(client, message)
       return
+    if message.get("bye"):  # Its end of stream is now a normal exit.
+      self._said_bye.add(client)
+      return
+    if self._closing:
+      return
     if SERVICE_UP in message:  # Client 0's own word; never relayed.
       if client == 0:
         self._emit("service_up")
       return
-    if self.client_id == 0:  # The hub: relay to everyone else.
+    # The hub relays to everyone else; not a normal departure, which only
+    # client 0 needs (the others' would cost it N messages each at the end
+    # of every run).
+    if self.client_id == 0 and not ("left" in message and not message.get("failure")):
       self._send(message, skip={client})
     try:
       if "failed" in message:
@@ -187,12 +195,15 @@ class Links:
     if sock is not None:
       sock.close()
 
-  def _send(self, message: dict[str, object], skip: Collection[int] = frozenset(),
-            only: int | None = None) -> None:
+  def _send(self, message: dict[str, object] | bytes,
+            skip: Collection[int] = frozenset(), only: int | None = None) -> None:
     with self._lock:
-      targets = [s for c, s in self._sockets.items()
-                 if c not in skip and (only is None or c == only)]
-    line = encode(message)
+      if only is not None:
+        sock = self._sockets.get(only)
+        targets = [sock] if sock is not None and only not in skip else []
+      else:
+        targets = [s for c, s in self._sockets.items() if c not in skip]
+    line = encode_binary(message) if isinstance(message, bytes) else encode(message)
     with self._send_lock:
       for sock in targets:
         try:
@@ -200,10 +211,11 @@ class Links:
         except OSError:
           pass  # Gone; its end of stream tells the watching thread.
 
-  def send(self, message: dict[str, object], to: int | None = None,
+  def send(self, message: dict[str, object] | bytes, to: int | None = None,
            skip: Collection[int] = ()) -> None:
-    """Sends `message` to client `to` (None: every linked client but
-    `skip`); a client that is gone is skipped (its end of stream tells)."""
+    """Sends `message` (a JSON object, or a binary frame's payload) to client
+    `to` (None: every linked client but `skip`); a client that is gone is
+    skipped (its end of stream tells)."""
     self._send(message, skip=skip, only=to)
 
   def report(self, clients: Sequence[int], why: str) -> None:
@@ -217,7 +229,8 @@ class Links:
                 "by": self.client_id})
 
   def announce_departure(self, code: int, why: str, failure: bool) -> None:
-    """Tells every other client that this one is leaving, and why."""
+    """Tells every other client that this one is leaving with a `failure`,
+    and why; a normal departure reaches client 0 only."""
     self._send({"left": self.client_id, "code": int(code), "why": why,
                 "failure": bool(failure)})
 

@@ -2,6 +2,7 @@
 past 1024 (select() cannot watch them), the open-file limit."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -30,16 +31,26 @@ def test_clients_holding_1100_open_files_start_run_and_name_a_killed_peer(bad):
 
 
 def test_the_pod_scale_benchmark_at_small_sizes():
-  """benchmarks/bench_pod_scale.py with the real handshake and exchange, at
-  sizes this machine runs in a second."""
+  """benchmarks/bench_pod_scale.py with the real handshake, links, exchange,
+  watchdog and verdicts, at sizes this machine runs in seconds: a beat costs
+  a client the same few bytes at any size, client 0 a row's worth per
+  client; a SIGKILLed client and a staller are named by every survivor."""
   from benchmarks import bench_pod_scale  # pylint: disable=g-import-not-at-top
-  text = bench_pod_scale.main(["--clients", "8,32", "--processes", "2"])
+  text = bench_pod_scale.main(["--clients", "8,32", "--processes", "2",
+                               "--cpu-beats", "2"])
   rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ")][1:]
   assert [int(r[0][2:]) for r in rows] == [8, 32], text
   for r in rows:
     n, fds = int(r[0][2:]), int(r[3])
     sends, receives, zero_sends = int(r[4]), int(r[5]), int(r[6])
+    zero_cpu, other_cpu, killed, stalled = (float(v) for v in r[8:12])
     assert fds >= n - 1, text  # Client 0 holds a link per client.
-    assert zero_sends == (n - 1) * receives, text  # The sum goes to every client.
-    assert sends < 100 <= receives, text  # A row is small, the sum is not.
-  assert text.splitlines()[-1].startswith("pod scale: 32 clients: start-up "), text
+    assert (sends, receives) == (21, 12), text  # A row in, an outcome out.
+    assert zero_sends == (n - 1) * receives, text
+    assert zero_cpu < 2.0 and other_cpu < 0.5, text
+    assert killed < 1.0, text  # Every survivor named the SIGKILLed client.
+    # The staller is named at the first beat past its time-out.
+    assert 0.0 <= stalled < bench_pod_scale.PERIOD + 1.0, text
+  assert re.fullmatch(r"pod scale: 32 clients: detection [0-9.]+ s, client 0 heartbeat "
+                      r"[0-9.]+% of a core, 372 bytes a beat at client 0",
+                      text.splitlines()[-1]), text

@@ -609,6 +609,9 @@ class _EndingHeartbeat:
     self.period, self.cluster, self.waits = 0.01, None, 0
     self._ends_at, self._ended = ends_at_wait, False
 
+  def clients(self, what):
+    return None  # No beat decided: whom it waits for is not known.
+
   class _Stopped:
     def __init__(self, hb):
       self.hb = hb

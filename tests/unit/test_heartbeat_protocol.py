@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jdtensor import _env, heartbeat
-from jdtensor.heartbeat import protocol
+from jdtensor.heartbeat import protocol, verdicts
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.errors import ConfigError
@@ -362,7 +362,11 @@ def judge(n, states, period=1.0, stall=300.0, kill_all=False, me=0, joined=None)
             stall_kill_all_waiting=kill_all,
             recorder=Recorder("data.py:88 next_batch <- train.py:40 main"))
   phases, seconds, busy = (np.array(v) for v in zip(*states))
-  hb._judge(phases, seconds, busy, None if joined is None else np.array(joined))
+  joined = np.ones(n, bool) if joined is None else np.array(joined)
+  verdict = verdicts.judge(phases, seconds, busy, joined, hb.exit_grace,
+                           hb.stall_timeout)
+  if verdict is not None:
+    hb._act_on(verdict)
   return hb.failure
 
 
@@ -422,7 +426,7 @@ def test_a_collective_that_gave_up_on_a_late_client_names_it():
   hb = beat(1.0, "log", 0, 4)
   merged = np.sum([hb.layout.row(c, 9, False, WAITING if c != 3 else RUNNING, 30, 1,
                                  joined=c != 3) for c in range(4)], axis=0)
-  hb.cluster, hb.cluster_joined = hb.layout.states(merged), hb.layout.joined(merged)
+  hb.decider.decide(merged)
   hb.late_for_collective(30.0)
   assert str(hb.failure) == (
       "heartbeat: client 3 did not join the collective the others waited in within "
@@ -476,11 +480,11 @@ def test_an_exception_in_the_heartbeats_own_code_is_this_clients_failure():
   announced = []
   hbs[1]._announce = lambda clients, why: announced.append((clients, why))
 
-  def broken_row(*args, real=hbs[1].layout.row):
+  def broken_row(*args, real=hbs[1]._joined):
     if hbs[1].beats == 3:
       raise TypeError("a bug in the record code")
     return real(*args)
-  hbs[1].layout.row = broken_row
+  hbs[1]._joined = broken_row
   hbs[1].start_threads()
   hbs[0]._terminate = lambda code: None  # Client 0 waits; only 1 is checked.
   hbs[0].start_threads()
@@ -504,12 +508,13 @@ def test_a_wrong_sum_is_not_reported_as_a_contradiction():
   12927'. A slot only its owner writes that comes back wrong means the
   exchange itself is broken, and the message says so."""
   hb = beat(1, "log", 2, 3)
-  hb.token = 12927
+  hb.token = hb.decider.token = 12927
   hb.beats = 5
-  hb._token_mismatch(np.array([12927, 12927, 4242]))
+  outcome = hb.decider.decide(np.concatenate([[12927, 12927, 4242], np.zeros(10, int)]))
+  hb._out_of_sync(outcome.verdict)
   assert str(hb.failure) == (
       "heartbeat: beat 5 returned a wrong sum: this client (2) sent token 12927 "
-      "but its slot holds 4242 (all slots: [12927, 12927, 4242]); carrying on "
+      "but its slot holds 4242 (the cluster's token: 12927); carrying on "
       "(policy 'log')")
   assert hb.failure.client_ids == (2,)
 

@@ -6,12 +6,21 @@ import socket
 import threading
 import time
 
-import numpy as np
+import dataclasses
+
 import pytest
 
-from jdtensor.heartbeat.exchange import LinkExchange
-from jdtensor.heartbeat.protocol import BeatLayout
+from jdtensor._wire import encode, encode_binary
+from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange
+from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
+from jdtensor.heartbeat.stragglers import WaitLedger
+from jdtensor.heartbeat.verdicts import (EARLY_EXIT, OUT_OF_SYNC, Decider, Outcome,
+                                         Row, Verdict)
 from jdtensor.runtime.links import Links
+
+
+def decider(n: int) -> Decider:
+  return Decider(n, 3.0, 300.0, WaitLedger(n, 60.0, 30.0, 1.0), time.monotonic)
 
 
 class Star:
@@ -25,9 +34,13 @@ class Star:
     for link in self.links:
       link.watch(None)
     self.exchanges = [LinkExchange(c, n, self.links[c]) for c in range(n)]
+    self.deciders = [decider(n) for _ in range(n)]
     if open_now:
-      for ex in self.exchanges:
-        ex.open()
+      for c in range(n):
+        self.open(c)
+
+  def open(self, c: int) -> None:
+    self.exchanges[c].open(self.deciders[c])
 
   def close(self) -> None:
     for link in self.links:
@@ -35,13 +48,12 @@ class Star:
       for sock in list(link._sockets.values()):  # pylint: disable=protected-access
         sock.close()
 
-  def beat(self, rows: dict[int, np.ndarray], timeout: float = 10.0
-           ) -> dict[int, np.ndarray]:
-    """Each client in `rows` runs one all-reduce on its own thread."""
-    out: dict[int, np.ndarray] = {}
+  def beat(self, rows: dict[int, Row], timeout: float = 10.0) -> dict[int, Outcome]:
+    """Each client in `rows` runs one beat on its own thread."""
+    out: dict[int, Outcome] = {}
 
     def run(c: int) -> None:
-      out[c] = self.exchanges[c].all_reduce(rows[c])
+      out[c] = self.exchanges[c].beat(rows[c])
     threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in rows]
     for t in threads:
       t.start()
@@ -62,44 +74,76 @@ def star():
     s.close()
 
 
-def rows_of(n: int, beat: int) -> dict[int, np.ndarray]:
-  layout = BeatLayout(n)
-  return {c: layout.row(c, 1000 + c, False, 1, beat, 10 * c + beat) for c in range(n)}
+TOKEN = 4242
+
+
+def rows_of(n: int, beat: int, phase: int = RUNNING, **changes) -> dict[int, Row]:
+  """Every client's row of `beat` (the first spreads client 0's token)."""
+  if beat == 0:
+    return {c: Row(c, TOKEN if c == 0 else 0, False, RUNNING, 0, 0, first=True)
+            for c in range(n)}
+  rows = {c: Row(c, TOKEN, False, phase, beat, 10 * c + beat) for c in range(n)}
+  for c, row in changes.items():
+    rows[int(c[1:])] = row
+  return rows
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
-def test_every_client_gets_the_same_sum_beat_after_beat(star, n):
+def test_every_client_gets_client_0s_outcome_beat_after_beat(star, n):
   s = star(n)
   for beat in range(4):
-    rows = rows_of(n, beat)
-    out = s.beat(rows)
-    expected = np.sum(np.stack(list(rows.values())), axis=0).astype(np.int32)
+    out = s.beat(rows_of(n, beat))
     assert sorted(out) == list(range(n))
-    for c in range(n):
-      np.testing.assert_array_equal(out[c], expected)
-      assert out[c].dtype == np.int32
+    assert {out[c] for c in range(n)} == {Outcome(beat, TOKEN)}
+  # Decided once, on client 0, from every row.
+  phases, seconds, busy, joined = s.deciders[0].view
+  assert phases.tolist() == [RUNNING] * n and seconds.tolist() == [3] * n
+  assert busy.tolist() == [10 * c + 3 for c in range(n)] and joined.all()
+  assert all(d.view is None for d in s.deciders[1:])
+
+
+def test_a_verdict_decided_on_client_0_reaches_every_client(star):
+  s = star(4)
+  s.beat(rows_of(4, 0))
+  rows = rows_of(4, 1, WAITING, c2=Row(2, TOKEN, False, AT_EXIT, 9, 0))
+  out = s.beat({c: dataclasses.replace(r, seconds=9, busy=0) for c, r in rows.items()})
+  expected = Verdict(EARLY_EXIT, (2,), waiting=(0, 1, 3))
+  assert [out[c].verdict for c in range(4)] == [expected] * 4
+
+
+def test_a_restarted_client_is_named_by_its_token(star):
+  s = star(3)
+  s.beat(rows_of(3, 0))
+  out = s.beat(rows_of(3, 1, c1=Row(1, 99, False, RUNNING, 1, 0)))
+  assert {out[c].verdict for c in range(3)} == {
+      Verdict(OUT_OF_SYNC, (1,), tokens=(99,), cluster_token=TOKEN)}
+
+
+def test_a_stop_request_ends_the_run_on_every_client(star):
+  s = star(3)
+  s.beat(rows_of(3, 0))
+  out = s.beat(rows_of(3, 1, c2=Row(2, TOKEN, True, RUNNING, 1, 0)))
+  assert all(out[c].end for c in range(3))
 
 
 def test_rows_sent_before_client_0_starts_are_kept(star):
   s = star(3, open_now=False)
   for c in (1, 2):
-    s.exchanges[c].open()
+    s.open(c)
   rows = rows_of(3, 0)
-  early: dict[int, np.ndarray] = {}
+  early: dict[int, Outcome] = {}
   threads = [threading.Thread(
-      target=lambda c=c: early.update({c: s.exchanges[c].all_reduce(rows[c])}),
+      target=lambda c=c: early.update({c: s.exchanges[c].beat(rows[c])}),
       daemon=True) for c in (1, 2)]
   for t in threads:
     t.start()
   time.sleep(0.3)
-  assert early == {}  # Nobody has a sum without client 0's row.
-  s.exchanges[0].open()
+  assert early == {}  # Nobody has an outcome without client 0's row.
+  s.open(0)
   out = s.beat({0: rows[0]})
   for t in threads:
     t.join(10.0)
-  for c, total in {**early, **out}.items():
-    np.testing.assert_array_equal(total, sum(rows.values()), err_msg=f"client {c}")
-  assert sorted({**early, **out}) == [0, 1, 2]
+  assert {**early, **out} == {c: Outcome(0, TOKEN) for c in range(3)}
 
 
 def test_a_roll_call_names_whose_row_client_0_holds(star):
@@ -111,6 +155,8 @@ def test_a_roll_call_names_whose_row_client_0_holds(star):
   assert 0.25 < time.monotonic() - started < 2.0  # It waited its grace.
   # The caller counts itself present: it asks from inside the beat.
   assert s.exchanges[0].roll_call(0, 0.01) == {0, 1, 2}
+  # A beat client 0 has not started: everyone but the caller is missing.
+  assert s.exchanges[2].roll_call(7, 0.0) == {2}
 
 
 def test_a_completed_beat_has_everyone_present(star):
@@ -132,6 +178,16 @@ def test_a_roll_call_without_client_0_is_unreachable(star):
   assert time.monotonic() - started < 2.0
 
 
+def test_the_others_ask_client_0_what_it_decided(star):
+  s = star(3)
+  assert s.exchanges[1].ask("unjoined", 1.0) is None  # Nothing decided yet.
+  s.beat(rows_of(3, 0))
+  s.beat(rows_of(3, 1, c2=Row(2, TOKEN, False, RUNNING, 1, 0, joined=False)))
+  assert s.exchanges[1].ask("unjoined", 1.0) == [2]
+  assert s.exchanges[0].ask("unjoined", 1.0) == [2]
+  assert s.exchanges[2].ask("running", 1.0) == [0, 1, 2]
+
+
 def test_a_shared_text_reaches_every_client(star):
   s = star(3)
   s.exchanges[2].share("stack/2", "File train.py, line 3")
@@ -142,24 +198,51 @@ def test_a_shared_text_reaches_every_client(star):
 
 def test_malformed_exchange_messages_are_ignored(star):
   s = star(2)
-  for bad in ({"hb": "row", "b": 0, "i": [10**6], "v": [1]},
-              {"hb": "row", "b": 0, "i": [-1], "v": [5]}, {"hb": "row"},
-              {"hb": "sum", "b": "x", "v": None}, {"hb": "present", "q": "?"},
-              {"hb": 7}):
+  for bad in ({"hb": "done", "b": "x"}, {"hb": "done", "b": 0, "t": 1, "v": {"k": "?"}},
+              {"hb": "present", "q": "?"}, {"hb": "present", "q": 1, "m": [[5, 9]]},
+              {"hb": "answer", "q": 1, "c": [[-1, 3]]}, {"hb": 7},
+              b"R", b"R" + bytes(40), b"D\x00", b"?" * 8):
     s.links[1].send(bad, to=0)
     s.links[0].send(bad, to=1)
+  # A row naming a beat long gone, and a second row for a beat: ignored too.
   out = s.beat(rows_of(2, 0))
-  np.testing.assert_array_equal(out[0], out[1])
-  np.testing.assert_array_equal(out[0], sum(rows_of(2, 0).values()))
+  assert out == {0: Outcome(0, TOKEN), 1: Outcome(0, TOKEN)}
+  s.links[1].send(ROW_FRAME.pack(ord("R"), 0, 1, 0, RUNNING, 0, 0), to=0)
+  assert s.beat(rows_of(2, 1)) == {0: Outcome(1, TOKEN), 1: Outcome(1, TOKEN)}
 
 
-def test_a_large_cluster_s_sum_fits_one_link_message(star):
-  """A merged row has 4 values a client: 4,096 clients' sum is one message."""
-  s = star(2)
-  s.exchanges[1].width = s.exchanges[0].width = BeatLayout(4096).width
-  row = np.full(BeatLayout(4096).width, 65535, np.int32)
-  out = s.beat({0: row, 1: row})
-  np.testing.assert_array_equal(out[1], 2 * row)
+class _CountingLinks:
+  """Client 0's links, counting the bytes each send puts on the wire."""
+
+  def __init__(self, n: int):
+    self.n, self.sent, self.carrier = n, [], None
+
+  def carry(self, handler):
+    self.carrier = handler
+
+  def send(self, message, to=None, skip=()):
+    size = len(encode_binary(message) if isinstance(message, bytes) else encode(message))
+    self.sent.append((size, 1 if to is not None else self.n - 1 - len(skip)))
+
+
+@pytest.mark.parametrize("n", [3, 4096])
+def test_a_beat_costs_each_client_the_same_few_bytes_at_any_scale(n):
+  """Client 0 takes a 21-byte row from every client and sends each a 12-byte
+  outcome: O(1) per client, O(N) at client 0."""
+  links = _CountingLinks(n)
+  exchange = LinkExchange(0, n, links)
+  exchange.open(decider(n))
+  row = ROW_FRAME.pack(ord("R"), 0, 0, 0, RUNNING, 0, 0)
+  assert len(encode_binary(row)) == 21
+  for beat in range(3):
+    row = ROW_FRAME.pack(ord("R"), beat, 0 if beat == 0 else TOKEN, 0, RUNNING, 5, 1)
+    for c in range(1, n):
+      links.carrier(c, row)
+    own = rows_of(1, beat)[0]
+    outcome = exchange.beat(dataclasses.replace(own, client=0))
+    assert outcome == Outcome(beat, TOKEN)
+    assert links.sent == [(12, n - 1)]
+    links.sent.clear()
 
 
 def test_links_closed_before_their_watch_starts_end_it_quietly(monkeypatch):

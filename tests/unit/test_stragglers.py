@@ -239,3 +239,16 @@ def test_the_launcher_reads_the_lowest_clients_record_of_the_run(tmp_path):
   assert _status.read_waits(str(tmp_path)) == {"client": 2, "shares": [3.0, 4.0],
                                                "seconds": 6.0}
   assert _status.read_waits(str(tmp_path / "gone")) is None
+
+
+def test_the_status_table_of_a_node_without_client_0():
+  """On another node than client 0's, each client knows only its own state:
+  the table shows those clients, and says where the rest is kept."""
+  statuses = {c: {"client": c, "beats": 36, "period": 2.0, "own": [R if c == 5 else W, 3 + c, 2],
+                  "where": f"train.py:{50 + c} step", "rss_mib": 400.0, "restarts": 0,
+                  "window": 60.0, "threshold": 30.0, "at": 1071.5} for c in (4, 5)}
+  lines = _status.format_status({**RUN, "num_clients": 8}, statuses, now=1072.0).splitlines()
+  assert lines[3].split() == ["4", "collective", "7.0", "s", "train.py:54", "step",
+                              "2", "400", "MiB", "36", "0", "-", "-"]
+  assert lines[4].split()[:4] == ["5", "own", "code", "8.0"]
+  assert len(lines) == 8 and lines[-1].startswith("Only this node's clients: client 0")

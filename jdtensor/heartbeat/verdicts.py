@@ -1,0 +1,413 @@
+"""The heartbeat's decisions: what one merged beat means, as data.
+
+No threads, no sockets and no JAX: a `Decider` takes the merged beat (every
+client's row, `BeatLayout`) and returns an `Outcome`: the cluster's token,
+whether the run ends by agreement, the stragglers just named, and at most
+one `Verdict`. Where the rows meet, the decision is made once: on client 0
+over the liveness links (`jdtensor.heartbeat.exchange.LinkExchange`), which
+sends every client only the outcome, a few bytes; with an exchange that
+hands every client the whole sum (the in-process fakes of the tests), every
+client decides from the same beats and reaches the same outcome.
+
+`judge` is the pure rule; `Decider` adds what a run remembers: the token,
+the waiting ledger (`jdtensor.heartbeat.stragglers.WaitLedger`) and the
+"every client waits" warning said once. Every client turns a verdict into
+its own words (`jdtensor.heartbeat.protocol`): "this client" where it is
+the one named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
+from jdtensor.heartbeat.stragglers import WaitLedger
+
+__all__ = ["BeatLayout", "Row", "Verdict", "Outcome", "Decider", "judge",
+           "IDLE_PERCENT", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
+           "FIRST_TOKENS", "to_ranges", "from_ranges"]
+
+# A client that waits in a collective counts as blocked only while its process
+# uses less than this share of one core (a process that computes the rest of
+# a program after the collective is busy, not blocked).
+IDLE_PERCENT = 25
+# The phase slot's bit that says a client has not joined a collective yet
+# (above every phase).
+_NOT_JOINED = 8
+
+# Verdict kinds.
+EARLY_EXIT = "early_exit"  # Clients at exit while others wait for them.
+STALLED = "stalled"  # One client idle in its own code, everyone else waiting.
+ALL_WAITING = "all_waiting"  # Every client waits: a long computation or a deadlock.
+OUT_OF_SYNC = "out_of_sync"  # Slots without the cluster's token (a restart).
+FIRST_TOKENS = "first_tokens"  # The first beat did not spread client 0's token.
+
+
+class BeatLayout:
+  """Where each value sits in the merged beat of `n` clients: DTensor's token
+  slots, the stop request, then each client's phase, seconds in it and busy
+  percent."""
+
+  def __init__(self, n: int):
+    self.n = n
+    self.stop = n
+    self.width = 4 * n + 1
+
+  def row(self, client: int, token: int, stop: bool, phase: int, seconds: float,
+          busy: int, joined: bool = True) -> np.ndarray:
+    """One client's row as a vector of the merged beat's width."""
+    return Row(client, token, bool(stop), phase, seconds, busy, joined).vector(self.n)
+
+  def tokens(self, merged: np.ndarray) -> np.ndarray:
+    return merged[:self.n]
+
+  def states(self, merged: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(phase, seconds in it, busy percent) per client."""
+    n = self.n
+    return (merged[n + 1:2 * n + 1] & (_NOT_JOINED - 1), merged[2 * n + 1:3 * n + 1],
+            merged[3 * n + 1:])
+
+  def joined(self, merged: np.ndarray) -> np.ndarray:
+    """Per client: whether it has joined a collective yet (set-up is over)."""
+    n = self.n
+    return (merged[n + 1:2 * n + 1] & _NOT_JOINED) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """What one client says in a beat.
+
+  Attributes:
+    client: Its id.
+    token: The cluster's token (client 0's in the first beat, 0 elsewhere).
+    stop: Whether it asks every client to stop.
+    phase: Its main thread's phase (`jdtensor.heartbeat.flight`).
+    seconds: Seconds in that phase.
+    busy: Its process's CPU use over the last period, percent of a core.
+    joined: Whether it has joined a collective yet.
+    first: The first beat, where client 0's token fills every token slot
+      (DTensor's first all-reduce).
+  """
+  client: int
+  token: int
+  stop: bool
+  phase: int
+  seconds: float
+  busy: float
+  joined: bool = True
+  first: bool = False
+
+  @property
+  def phase_code(self) -> int:
+    """The phase slot: the phase, and the not-joined bit (a client still in
+    set-up is never a staller)."""
+    return int(self.phase) | (0 if self.joined else _NOT_JOINED)
+
+  @property
+  def clamped(self) -> tuple[int, int]:
+    """(seconds, busy) as the int32 slots hold them."""
+    return (min(int(self.seconds), 2**31 - 1), max(0, min(int(self.busy), 10**6)))
+
+  def vector(self, n: int) -> np.ndarray:
+    """This row in the merged beat's layout for `n` clients."""
+    row = np.zeros(4 * n + 1, np.int32)
+    c = self.client
+    if self.first and c == 0:
+      row[:n] = self.token
+    else:
+      row[c] = self.token
+    row[n] = int(self.stop)
+    row[n + 1 + c] = self.phase_code
+    row[2 * n + 1 + c], row[3 * n + 1 + c] = self.clamped
+    return row
+
+
+def to_ranges(clients: Sequence[int]) -> list[list[int]]:
+  """Sorted client ids as ``[first, last]`` runs: a list of thousands of
+  consecutive clients is a few numbers on the wire."""
+  out: list[list[int]] = []
+  for c in sorted(int(c) for c in clients):
+    if out and c == out[-1][1] + 1:
+      out[-1][1] = c
+    elif not out or c > out[-1][1]:
+      out.append([c, c])
+  return out
+
+
+def from_ranges(ranges: Any, limit: int) -> list[int]:
+  """The ids of `to_ranges`' runs, each in ``[0, limit)``.
+
+  Raises:
+    ValueError: A malformed or out-of-range run.
+  """
+  out: list[int] = []
+  for first, last in ranges:
+    first, last = int(first), int(last)
+    if not 0 <= first <= last < limit:
+      raise ValueError(f"a run of clients out of range: {first}-{last}")
+    out.extend(range(first, last + 1))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+  """A failure every client names the same way.
+
+  Attributes:
+    kind: `EARLY_EXIT`, `STALLED`, `ALL_WAITING`, `OUT_OF_SYNC` or
+      `FIRST_TOKENS`.
+    culprits: The clients named (every client, for `ALL_WAITING`).
+    seconds: For `STALLED`: how long the staller ran its own code.
+    waiting: For `EARLY_EXIT`: the clients waiting in a collective.
+    tokens: For `OUT_OF_SYNC`: each culprit's token, in `culprits`' order;
+      for `FIRST_TOKENS`: every token slot.
+    cluster_token: For `OUT_OF_SYNC` and `FIRST_TOKENS`: the cluster's token.
+  """
+  kind: str
+  culprits: tuple[int, ...]
+  seconds: int = 0
+  waiting: tuple[int, ...] = ()
+  tokens: tuple[int, ...] = ()
+  cluster_token: int = 0
+
+  def token_of(self, client: int) -> int:
+    """The token `client`'s slot held (`OUT_OF_SYNC`)."""
+    if client in self.culprits:
+      return self.tokens[self.culprits.index(client)]
+    return self.cluster_token
+
+  def to_json(self) -> dict[str, Any]:
+    return {"k": self.kind, "c": to_ranges(self.culprits), "s": self.seconds,
+            "w": to_ranges(self.waiting), "t": list(self.tokens),
+            "ct": self.cluster_token}
+
+  @classmethod
+  def from_json(cls, data: dict[str, Any], n: int) -> Verdict:
+    kind = str(data["k"])
+    if kind not in (EARLY_EXIT, STALLED, ALL_WAITING, OUT_OF_SYNC, FIRST_TOKENS):
+      raise ValueError(f"an unknown verdict: {kind!r}")
+    culprits = tuple(from_ranges(data["c"], n))
+    tokens = tuple(int(t) for t in data.get("t", ()))
+    if kind == OUT_OF_SYNC and len(tokens) != len(culprits):
+      raise ValueError("a token per culprit expected")
+    return cls(kind, culprits, int(data.get("s", 0)),
+               tuple(from_ranges(data.get("w", ()), n)), tokens,
+               int(data.get("ct", 0)))
+
+
+# An outcome without news: beat, token, whether the run ends (a kind byte
+# first, as every binary frame on the links).
+_PLAIN = struct.Struct("<BIiB")
+PLAIN_OUTCOME = ord("D")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """What one beat decided, the same for every client.
+
+  Attributes:
+    beat: The beat (0: the first exchange).
+    token: The cluster's token.
+    end: The run ends by agreement (a stop request, or every client at exit).
+    verdict: A failure, or None.
+    stragglers: (client, percent of the window the others waited for it) of
+      each client named a straggler at this beat.
+  """
+  beat: int
+  token: int
+  end: bool = False
+  verdict: Verdict | None = None
+  stragglers: tuple[tuple[int, float], ...] = ()
+
+  def to_wire(self) -> bytes | dict[str, Any]:
+    """A compact binary frame when there is no news, else a JSON object."""
+    if self.verdict is None and not self.stragglers:
+      return _PLAIN.pack(PLAIN_OUTCOME, self.beat, self.token, int(self.end))
+    out: dict[str, Any] = {"hb": "done", "b": self.beat, "t": self.token,
+                           "e": int(self.end)}
+    if self.verdict is not None:
+      out["v"] = self.verdict.to_json()
+    if self.stragglers:
+      out["s"] = [[c, round(share, 1)] for c, share in self.stragglers]
+    return out
+
+  @classmethod
+  def from_wire(cls, data: bytes | dict[str, Any], n: int) -> Outcome:
+    """The outcome `to_wire` encoded.
+
+    Raises:
+      ValueError, KeyError, TypeError: A malformed frame.
+    """
+    if isinstance(data, bytes):
+      try:
+        kind, beat, token, end = _PLAIN.unpack(data)
+      except struct.error:
+        raise ValueError(f"an outcome of {len(data)} bytes") from None
+      if kind != PLAIN_OUTCOME:
+        raise ValueError("not an outcome")
+      return cls(beat, token, bool(end))
+    verdict = Verdict.from_json(data["v"], n) if "v" in data else None
+    stragglers = tuple((int(c), float(s)) for c, s in data.get("s", ()))
+    if any(not 0 <= c < n for c, _ in stragglers):
+      raise ValueError("a straggler out of range")
+    return cls(int(data["b"]), int(data["t"]), bool(data.get("e")), verdict, stragglers)
+
+
+def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
+          joined: np.ndarray, exit_grace: float, stall_timeout: float
+          ) -> Verdict | None:
+  """The verdict of one merged beat's states, if any (the token check and
+  the agreed end come first: `Decider.decide`).
+
+  * early exit: a client at exit for `exit_grace` s while another has waited,
+    idle, in a collective as long;
+  * stalled: one client running its own code, idle and past its set-up, for
+    the stall time-out, while every other client has waited, idle, as long;
+  * every client waiting for the stall time-out (`ALL_WAITING`).
+  """
+  n = len(phases)
+  waiting_now = phases == WAITING
+  blocked = waiting_now & (busy < IDLE_PERCENT)
+  gone = np.flatnonzero((phases == AT_EXIT) & (seconds >= exit_grace))
+  if gone.size and np.any(blocked & (seconds >= exit_grace)):
+    # One idle waiter proves the early exit; the message names every client
+    # waiting in a collective, busy or not (a busy waiter, e.g. client 0
+    # serving the coordination service, waits for it just the same).
+    return Verdict(EARLY_EXIT, tuple(gone.tolist()),
+                   waiting=tuple(np.flatnonzero(waiting_now).tolist()))
+  if stall_timeout <= 0:
+    return None
+  # A staller runs its own code, idle, for the whole time-out, after its
+  # set-up (a slow first step is not a stall); a busy client is slow, not
+  # stalled.
+  running = (phases == RUNNING) & (seconds >= stall_timeout)
+  idle = np.flatnonzero(running & (busy < IDLE_PERCENT) & joined)
+  long_wait = int(np.count_nonzero(blocked & (seconds >= stall_timeout)))
+  if int(np.count_nonzero(running)) == 1 and idle.size == 1 and long_wait == n - 1:
+    staller = int(idle[0])
+    return Verdict(STALLED, (staller,), seconds=int(seconds[staller]))
+  if long_wait == n:
+    return Verdict(ALL_WAITING, tuple(range(n)))
+  return None
+
+
+class Decider:
+  """Turns merged beats into outcomes, remembering what a run needs to.
+
+  Args:
+    num_clients: Number of clients.
+    exit_grace: Seconds a client at exit and a blocked waiter make an early
+      exit.
+    stall_timeout: The stall time-out (0: off).
+    ledger: The waiting ledger (stragglers).
+    clock: Monotonic seconds (the waiting shares' run time).
+  """
+
+  def __init__(self, num_clients: int, exit_grace: float, stall_timeout: float,
+               ledger: WaitLedger, clock: Callable[[], float]):
+    self.num_clients = num_clients
+    self.layout = BeatLayout(num_clients)
+    self.exit_grace, self.stall_timeout = exit_grace, stall_timeout
+    self.waits = ledger
+    self._clock = clock
+    self.token = 0
+    self.beats = 0  # Beats decided here after the first.
+    self.waits_since: float | None = None  # When the ledger started counting.
+    self._all_waiting_said = False
+    # The last merged beat's (phases, seconds, busy, joined); None until one
+    # was decided here.
+    self.view: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+  def first(self, merged: np.ndarray) -> Outcome:
+    """The first exchange: every slot must hold client 0's token."""
+    slots = self.layout.tokens(merged)
+    self.token = int(slots[0])
+    self._remember(merged)
+    if np.any(slots != self.token):
+      return Outcome(0, self.token, verdict=Verdict(
+          FIRST_TOKENS, tuple(np.flatnonzero(slots != self.token).tolist()),
+          tokens=tuple(slots.tolist()), cluster_token=self.token))
+    return Outcome(0, self.token)
+
+  def decide(self, merged: np.ndarray) -> Outcome:
+    """One beat after the first."""
+    self.beats += 1
+    beat = self.beats
+    slots = self.layout.tokens(merged)
+    phases, seconds, busy, joined = self._remember(merged)
+    if np.any(slots != self.token):
+      return Outcome(beat, self.token, verdict=self._out_of_sync(slots))
+    stragglers = self._count_waits(phases, joined)
+    if merged[self.layout.stop] > 0 or bool(np.all(phases == AT_EXIT)):
+      return Outcome(beat, self.token, end=True, stragglers=stragglers)
+    verdict = judge(phases, seconds, busy, joined, self.exit_grace, self.stall_timeout)
+    if verdict is not None and verdict.kind == ALL_WAITING:
+      if self._all_waiting_said:
+        verdict = None
+      self._all_waiting_said = True
+    return Outcome(beat, self.token, verdict=verdict, stragglers=stragglers)
+
+  def _remember(self, merged: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    phases, seconds, busy = self.layout.states(merged)
+    self.view = (phases, seconds, busy, self.layout.joined(merged))
+    return self.view
+
+  def _out_of_sync(self, slots: np.ndarray) -> Verdict:
+    """The clients not holding the cluster's token: the one most slots hold
+    (client 0's on a tie), so that a restarted client blames itself rather
+    than everyone else."""
+    values, counts = np.unique(slots, return_counts=True)
+    best = values[counts == counts.max()]
+    cluster_token = int(slots[0]) if len(best) > 1 else int(best[0])
+    wrong = np.flatnonzero(slots != cluster_token)
+    return Verdict(OUT_OF_SYNC, tuple(wrong.tolist()),
+                   tokens=tuple(slots[wrong].tolist()), cluster_token=cluster_token)
+
+  def _count_waits(self, phases: np.ndarray, joined: np.ndarray
+                   ) -> tuple[tuple[int, float], ...]:
+    """Adds this beat to the waiting ledger; returns the new stragglers. It
+    starts at the first beat with a client waiting in a collective it has
+    joined (before that, the clients are still setting up)."""
+    if self.waits_since is None:
+      if not bool(np.any(joined & (phases == WAITING))):
+        return ()
+      self.waits_since = self._clock()
+    new = self.waits.add(phases)
+    if not new:
+      return ()
+    shares = self.waits.waited_for()
+    return tuple((c, float(shares[c])) for c in new)
+
+  def run_seconds(self) -> float:
+    """Seconds the waiting ledger has counted."""
+    return 0.0 if self.waits_since is None else self._clock() - self.waits_since
+
+  def clients(self, what: str) -> list[int] | None:
+    """From the last beat decided here (None if none was): ``"unjoined"``,
+    the clients still in their set-up; ``"running"``, those not at exit."""
+    if self.view is None:
+      return None
+    phases, _, _, joined = self.view
+    if what == "unjoined":
+      return np.flatnonzero(~joined).tolist()
+    if what == "running":
+      return np.flatnonzero(phases != AT_EXIT).tolist()
+    raise ValueError(f"unknown question {what!r}")
+
+  def status(self) -> dict[str, Any]:
+    """The cluster's view for `jdtensor status` (empty if none was decided
+    here)."""
+    if self.view is None:
+      return {}
+    phases, seconds, busy, _ = self.view
+    return {"phases": phases.tolist(), "seconds": seconds.tolist(),
+            "busy": busy.tolist(),
+            "waiting": [round(float(v), 1) for v in self.waits.waiting()],
+            "waited_for": [round(float(v), 1) for v in self.waits.waited_for()]}
+

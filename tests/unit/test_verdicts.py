@@ -1,0 +1,195 @@
+"""The heartbeat's decisions as tables: `judge`, `Decider`, `Outcome` on the
+wire. No threads, no sockets (the threaded protocol: test_heartbeat_protocol.py;
+the links: test_link_exchange.py)."""
+
+import numpy as np
+import pytest
+
+from jdtensor._wire import Frames, encode, encode_binary
+from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
+from jdtensor.heartbeat.stragglers import WaitLedger
+from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
+                                         OUT_OF_SYNC, STALLED, BeatLayout, Decider,
+                                         Outcome, Row, Verdict, from_ranges, judge,
+                                         to_ranges)
+
+W, R, J, X = WAITING, RUNNING, IN_JAX, AT_EXIT
+
+
+def _judge(states, joined=None, exit_grace=3.0, stall=300.0):
+  phases, seconds, busy = (np.array(v) for v in zip(*states))
+  joined = np.ones(len(states), bool) if joined is None else np.array(joined)
+  return judge(phases, seconds, busy, joined, exit_grace, stall)
+
+
+@pytest.mark.parametrize("states, joined, stall, expected", [
+    # Early exit: one idle waiter proves it; every waiter is named.
+    ([(W, 4, 60), (X, 3, 0), (W, 4, 0)], None, 300, Verdict(EARLY_EXIT, (1,), waiting=(0, 2))),
+    ([(W, 4, 1), (X, 2, 0)], None, 300, None),  # At exit for less than the grace.
+    ([(W, 9, 80), (X, 9, 0)], None, 300, None),  # The waiter computes.
+    # A stall: one idle runner past set-up, everyone else blocked as long.
+    ([(W, 301, 1), (R, 301, 0), (W, 305, 2)], None, 300, Verdict(STALLED, (1,), seconds=301)),
+    ([(W, 301, 1), (R, 301, 0), (W, 305, 2)], [True, False, True], 300, None),
+    ([(W, 301, 1), (R, 301, 0), (W, 305, 2)], None, 0, None),  # Switched off.
+    ([(W, 301, 1), (R, 301, 90), (W, 305, 2)], None, 300, None),  # Busy: slow.
+    ([(W, 301, 1), (J, 301, 0), (W, 305, 2)], None, 300, None),  # Compiling.
+    ([(W, 301, 1), (R, 301, 0), (R, 305, 2)], None, 300, None),  # Two runners.
+    ([(W, 301, 1), (R, 299, 0), (W, 305, 2)], None, 300, None),  # Not yet.
+    ([(W, 400, 1), (W, 301, 0)], None, 300, Verdict(ALL_WAITING, (0, 1))),
+], ids=["early-exit", "exit-short", "waiter-busy", "stall", "stall-in-set-up",
+        "stall-off", "runner-busy", "compiling", "two-runners", "stall-short",
+        "all-waiting"])
+def test_judge(states, joined, stall, expected):
+  assert _judge(states, joined, stall=stall) == expected
+
+
+def test_judge_at_pod_scale_names_one_staller_among_4096():
+  n = 4096
+  states = [(W, 301, 1)] * n
+  states[1234] = (R, 302, 0)
+  assert _judge(states) == Verdict(STALLED, (1234,), seconds=302)
+
+
+def decider(n, threshold=30.0, window=4.0):
+  now = [100.0]
+  d = Decider(n, 3.0, 300.0, WaitLedger(n, window, threshold, 1.0), lambda: now[0])
+  return d, now
+
+
+def merged(rows, n):
+  return np.sum([r.vector(n) for r in rows], axis=0).astype(np.int32)
+
+
+def first(n, token=77, others=0):
+  return merged([Row(0, token, False, R, 0, 0, first=True)]
+                + [Row(c, others, False, R, 0, 0, first=True) for c in range(1, n)], n)
+
+
+def test_the_first_beat_spreads_client_0s_token():
+  d, _ = decider(3)
+  assert d.first(first(3)) == Outcome(0, 77)
+  assert d.token == 77
+
+
+def test_a_first_beat_with_another_token_names_its_slots():
+  d, _ = decider(3)
+  outcome = d.first(first(3, others=5))
+  assert outcome.verdict == Verdict(FIRST_TOKENS, (1, 2), tokens=(77, 82, 82),
+                                    cluster_token=77)
+
+
+def states_beat(n, states, token=77, stop=()):
+  return merged([Row(c, token, c in stop, p, s, b) for c, (p, s, b) in enumerate(states)], n)
+
+
+def test_a_restarted_client_blames_itself_by_majority():
+  d, _ = decider(4)
+  d.first(first(4))
+  beat = states_beat(4, [(R, 1, 0)] * 4)
+  beat[2] = 999
+  assert d.decide(beat).verdict == Verdict(OUT_OF_SYNC, (2,), tokens=(999,),
+                                           cluster_token=77)
+
+
+def test_a_tie_keeps_client_0s_token():
+  d, _ = decider(2)
+  d.first(first(2))
+  beat = states_beat(2, [(R, 1, 0)] * 2)
+  beat[1] = 5
+  verdict = d.decide(beat).verdict
+  assert (verdict.culprits, verdict.cluster_token) == ((1,), 77)
+  assert verdict.token_of(1) == 5 and verdict.token_of(0) == 77
+
+
+@pytest.mark.parametrize("states, stop", [
+    ([(X, 0, 0), (X, 4, 0)], ()), ([(R, 1, 0), (W, 1, 0)], (1,))],
+    ids=["all-at-exit", "stop-request"])
+def test_the_agreed_end(states, stop):
+  d, _ = decider(2)
+  d.first(first(2))
+  assert d.decide(states_beat(2, states, stop=stop)) == Outcome(1, 77, end=True)
+
+
+def test_every_client_waiting_is_said_once():
+  d, _ = decider(2)
+  d.first(first(2))
+  beat = states_beat(2, [(W, 400, 1), (W, 301, 0)])
+  assert d.decide(beat).verdict == Verdict(ALL_WAITING, (0, 1))
+  assert d.decide(beat).verdict is None
+
+
+def test_a_straggler_is_named_once_with_its_share():
+  d, now = decider(3, threshold=50.0, window=4.0)
+  d.first(first(3))
+  named = []
+  for _ in range(6):
+    now[0] += 1.0
+    named += list(d.decide(states_beat(3, [(W, 1, 0), (W, 1, 0), (R, 1, 90)])).stragglers)
+  assert named == [(2, 100.0)]
+  assert d.run_seconds() == pytest.approx(5.0)
+  assert d.waits.run_shares() == [0.0, 0.0, 100.0]
+
+
+def test_the_decider_answers_who_is_in_set_up_and_who_runs():
+  d, _ = decider(3)
+  assert d.clients("unjoined") is None and d.status() == {}
+  d.first(first(3))
+  rows = [Row(0, 77, False, W, 1, 0), Row(1, 77, False, R, 9, 5, joined=False),
+          Row(2, 77, False, X, 2, 0)]
+  d.decide(merged(rows, 3))
+  assert d.clients("unjoined") == [1] and d.clients("running") == [0, 1]
+  assert d.status()["phases"] == [W, R, X] and d.status()["seconds"] == [1, 9, 2]
+
+
+def test_the_layout_and_the_row_agree():
+  layout = BeatLayout(3)
+  row = Row(1, 9, True, IN_JAX, 2**40, 10**9, joined=False)
+  vector = row.vector(3)
+  assert vector.tolist() == layout.row(1, 9, True, IN_JAX, 2**40, 10**9, joined=False).tolist()
+  assert layout.states(vector)[0].tolist() == [0, IN_JAX, 0]
+  assert layout.joined(vector).tolist() == [True, False, True]
+  assert vector[2 * 3 + 2] == 2**31 - 1 and vector[3 * 3 + 2] == 10**6
+
+
+@pytest.mark.parametrize("outcome", [
+    Outcome(0, 77), Outcome(2**32 - 1, -5, end=True),
+    Outcome(3, 77, verdict=Verdict(STALLED, (1234,), seconds=301)),
+    Outcome(3, 77, verdict=Verdict(EARLY_EXIT, (5,), waiting=tuple(range(5)) + tuple(range(6, 4096)))),
+    Outcome(3, 77, verdict=Verdict(OUT_OF_SYNC, (1, 2), tokens=(5, 6), cluster_token=77)),
+    Outcome(3, 77, end=True, stragglers=((2, 61.5),)),
+], ids=["first", "plain-end", "stalled", "early-exit-4096", "out-of-sync", "straggler"])
+def test_an_outcome_survives_the_wire(outcome):
+  wire = outcome.to_wire()
+  assert Outcome.from_wire(wire, 4096) == outcome
+  # Small whatever the cluster: runs of clients, not lists.
+  assert len(encode_binary(wire) if isinstance(wire, bytes) else encode(wire)) < 200
+
+
+@pytest.mark.parametrize("wire", [
+    b"X" + bytes(9), b"D", {"b": 1}, {"hb": "done", "b": 1, "t": 1, "v": {"k": "boom"}},
+    {"hb": "done", "b": 1, "t": 1, "v": {"k": STALLED, "c": [[5, 9999]]}},
+    {"hb": "done", "b": 1, "t": 1, "v": {"k": OUT_OF_SYNC, "c": [[1, 2]], "t": [1]}},
+    {"hb": "done", "b": 1, "t": 1, "s": [[-1, 5.0]]},
+])
+def test_a_malformed_outcome_is_refused(wire):
+  with pytest.raises((ValueError, KeyError, TypeError)):
+    Outcome.from_wire(wire, 16)
+
+
+def test_ranges_round_trip():
+  assert to_ranges([5, 0, 1, 2, 7, 6, 2]) == [[0, 2], [5, 7]]
+  assert from_ranges([[0, 2], [5, 7]], 8) == [0, 1, 2, 5, 6, 7]
+  with pytest.raises(ValueError):
+    from_ranges([[3, 1]], 8)
+
+
+def test_frames_mix_json_lines_and_binary_beats_across_reads():
+  stream = (encode({"hb": "share", "k": "a", "v": "b"}) + encode_binary(b"R" * 19)
+            + encode_binary(b"") + encode({"bye": True}))
+  for cut in range(len(stream) + 1):
+    frames = Frames(lenient=True, binary=True)
+    out = frames.feed(stream[:cut]) + frames.feed(stream[cut:])
+    assert out == [{"hb": "share", "k": "a", "v": "b"}, b"R" * 19, b"", {"bye": True}]
+  # The handshake's frames take no binary frame.
+  with pytest.raises(ValueError):
+    Frames().feed(encode_binary(b"R") + b"\n")
