@@ -401,14 +401,15 @@ class Heartbeat:
   # -- verdicts (decided in `jdtensor.heartbeat.verdicts`, said here) -----------
 
   def _act_on(self, verdict: Verdict) -> None:
-    """Says a beat's verdict in this client's words and applies the policy."""
+    """Says a beat's verdict in this client's words and applies the policy
+    (every client has the same verdict: nobody needs to be told)."""
     n = self.num_clients
     if verdict.kind == EARLY_EXIT:
       gone, waiting = list(verdict.culprits), list(verdict.waiting)
       self._fail(f"heartbeat: {_names(gone)} exited (code 0) while the others "
                  f"were still running ({_names(waiting)} "
                  f"{'wait' if len(waiting) > 1 else 'waits'} in a "
-                 "collective)", gone)
+                 "collective)", gone, told=True)
     elif verdict.kind == STALLED:
       staller = verdict.culprits[0]
       self._stalled(staller, verdict.seconds,
@@ -419,7 +420,7 @@ class Heartbeat:
               "deadlock (clients that issued different collectives); this "
               f"client ({self.client_id}): main thread in {self.recorder.where()}")
       if self.stall_kill_all_waiting:
-        self._fail(text, list(range(n)))
+        self._fail(text, list(range(n)), told=True)
       else:
         logging.warning("%s", text)
 
@@ -434,7 +435,8 @@ class Heartbeat:
                f"{seconds} s while {_names(waiters)} "
                f"{'wait' if len(waiters) > 1 else 'waits'} in a collective",
                [staller], exit_code=(OWN_FAILURE_EXIT_CODE
-                                     if staller == self.client_id else EXIT_CODE))
+                                     if staller == self.client_id else EXIT_CODE),
+               told=True)
 
   def _out_of_sync(self, verdict: Verdict) -> None:
     """Names the clients whose slots lack the cluster's token (a restarted
@@ -460,7 +462,7 @@ class Heartbeat:
       sent += ", ..."
     self._fail(f"heartbeat: {_names(wrong)} sent token {sent} instead of "
                f"{cluster_token} in beat {self.beats} (restarted or out of sync)",
-               wrong)
+               wrong, told=True)
 
   def late_for_collective(self, waited: float) -> None:
     """This client's collective gave up after `waited` s setting up with a

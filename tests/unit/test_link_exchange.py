@@ -10,9 +10,12 @@ import dataclasses
 
 import pytest
 
+from jdtensor._env import HeartbeatSettings
 from jdtensor._wire import encode, encode_binary
 from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
+from jdtensor.heartbeat.interfaces import ProcessHooks
+from jdtensor.heartbeat.protocol import Heartbeat
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.verdicts import (EARLY_EXIT, OUT_OF_SYNC, Decider, Outcome,
                                          Row, Verdict)
@@ -260,3 +263,80 @@ def test_links_closed_before_their_watch_starts_end_it_quietly(monkeypatch):
   links._thread.join(5)  # pylint: disable=protected-access
   assert not links._thread.is_alive() and not errors  # pylint: disable=protected-access
   b.close()
+
+
+class _Recorded(ProcessHooks):
+  def __init__(self):
+    self.reported = []
+
+  def tell_launcher(self, clients, why, leaving):
+    self.reported.append((clients, why))
+
+  def terminate(self, code):
+    raise AssertionError("policy log never exits")
+
+
+def heartbeats(s: Star, stuck: float = 30.0) -> list[Heartbeat]:
+  """A real heartbeat per client of `s` (policy log), started."""
+  settings = HeartbeatSettings(period=0.05, policy="log", stuck_timeout=stuck)
+  hbs = [Heartbeat(settings, c, s.n, exchange=s.exchanges[c], peers=s.links[c],
+                   process=_Recorded()) for c in range(s.n)]
+  for c, hb in enumerate(hbs):
+    s.links[c].watch(hb)
+    hb.start_threads()
+  for hb in hbs:
+    assert hb.ready.wait(10)
+  return hbs
+
+
+def _named(hbs, clients):
+  deadline = time.monotonic() + 10
+  while time.monotonic() < deadline:
+    if all(hbs[c].failure is not None for c in clients):
+      return {c: hbs[c].failure.client_ids for c in clients}
+    time.sleep(0.02)
+  return {c: hbs[c].failure for c in clients}
+
+
+def test_the_hub_gone_is_named_by_every_client(star):
+  """Client 0 decides the beats and relays every report: when its process
+  ends, every other client names it at once (its link's end)."""
+  s = star(4, open_now=False)
+  hbs = heartbeats(s)
+  for sock in list(s.links[0]._sockets.values()):  # pylint: disable=protected-access
+    sock.close()
+  s.links[0]._closing = True  # pylint: disable=protected-access
+  assert _named(hbs, [1, 2, 3]) == {1: (0,), 2: (0,), 3: (0,)}
+  assert "the coordinator's process ended" in str(hbs[1].failure)
+
+
+def test_a_partitioned_client_is_named_on_both_sides(star):
+  """A client whose link to client 0 breaks (a network partition): client 0
+  names it and tells the others; it names client 0."""
+  s = star(4, open_now=False)
+  hbs = heartbeats(s)
+  s.links[2]._sockets[0].shutdown(socket.SHUT_RDWR)  # pylint: disable=protected-access
+  assert _named(hbs, [0, 1, 2, 3]) == {0: (2,), 1: (2,), 3: (2,), 2: (0,)}
+  # Told once: client 0's report, relayed; nobody reported it again.
+  assert [len(hb._process.reported) for hb in hbs] == [1, 1, 1, 1]  # pylint: disable=protected-access
+
+
+def test_a_row_that_never_comes_is_named_by_the_roll_call(star):
+  """Client 3 freezes before its row: the others' beat is overdue, and
+  client 0's roll call names client 3 to each of them."""
+  s = star(4, open_now=False)
+  frozen = threading.Event()
+  real = s.exchanges[3].beat
+
+  def freezing(row):
+    if row.seconds >= 0 and not row.first and frozen.is_set():
+      threading.Event().wait(60)
+    return real(row)
+  s.exchanges[3].beat = freezing
+  # Frozen as a whole (SIGSTOP): its own watchdog's roll call never returns.
+  s.exchanges[3].roll_call = lambda beat, grace: (
+      threading.Event().wait(60) if frozen.is_set() else None)
+  hbs = heartbeats(s, stuck=1.0)
+  frozen.set()
+  assert _named(hbs, [0, 1, 2]) == {0: (3,), 1: (3,), 2: (3,)}
+  assert "client 3 missed beat" in str(hbs[1].failure)
