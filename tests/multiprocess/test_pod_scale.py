@@ -43,7 +43,7 @@ def test_the_pod_scale_benchmark_at_small_sizes():
   for r in rows:
     n, fds = int(r[0][2:]), int(r[3])
     sends, receives, zero_sends = int(r[4]), int(r[5]), int(r[6])
-    zero_cpu, other_cpu, killed, stalled = (float(v) for v in r[8:12])
+    zero_cpu, other_cpu, killed, stalled = (float(v.strip(" |")) for v in r[8:12])
     assert fds >= n - 1, text  # Client 0 holds a link per client.
     assert (sends, receives) == (21, 12), text  # A row in, an outcome out.
     assert zero_sends == (n - 1) * receives, text
