@@ -67,6 +67,9 @@ TIMEOUT = 300.0
 PERIOD = 2.0  # The default period.
 STALL_TIMEOUT = 4.0
 CPU_BEATS = 10  # Beats over which the heartbeat's CPU is measured.
+# Seconds one run (its start-up, beats and verdicts) may take in all before
+# its workers are killed: no read of a worker's output waits for ever.
+RUN_DEADLINE = 2 * TIMEOUT + 300.0
 
 
 def _jobs(n: int, port: int) -> tuple[str, ...]:
@@ -206,8 +209,23 @@ class _Workers:
          ",".join(map(str, g))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True) for g in self.groups]
+    self.expired = False
+    self._deadline = threading.Timer(RUN_DEADLINE, self._expire)
+    self._deadline.daemon = True
+    self._deadline.start()
+    try:
+      for p in self.procs:
+        if p.stdout.readline().strip() != "READY":
+          raise RuntimeError(f"{n} clients: a worker did not start")
+    except BaseException:
+      self.close()
+      raise
+
+  def _expire(self) -> None:
+    """Past `RUN_DEADLINE`: kills every worker (each pending read then ends)."""
+    self.expired = True
     for p in self.procs:
-      assert p.stdout.readline().strip() == "READY"
+      p.kill()
 
   def tell(self, command: str, until: str, procs: list[Any] | None = None
            ) -> list[list[str]]:
@@ -222,6 +240,9 @@ class _Workers:
         if line.strip() == until:
           break
         lines.append(line.split())
+    if self.expired:
+      raise RuntimeError(f"{self.n} clients: the workers did not answer "
+                         f"{command.split()[0]!r} within {RUN_DEADLINE:g} s; killed")
     return lines
 
   def cpu(self) -> list[float]:
@@ -237,6 +258,7 @@ class _Workers:
     return out
 
   def close(self) -> None:
+    self._deadline.cancel()
     for p in self.procs:
       try:
         p.stdin.close()

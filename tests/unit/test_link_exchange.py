@@ -340,3 +340,29 @@ def test_a_row_that_never_comes_is_named_by_the_roll_call(star):
   frozen.set()
   assert _named(hbs, [0, 1, 2]) == {0: (3,), 1: (3,), 2: (3,)}
   assert "client 3 missed beat" in str(hbs[1].failure)
+
+
+def test_client_0_relays_a_report_only_when_it_names_someone_new(star):
+  """N survivors each reporting the same culprit must not cost client 0 N
+  relays to N clients: the first report naming a client goes on, the same
+  names again do not; a normal departure reaches client 0 only."""
+  s = star(4)
+  heard = []
+
+  class Ear:
+    def peer_reported(self, clients, why, reporter):
+      heard.append((clients, reporter))
+
+    def peer_left(self, client, code, why, failed):
+      heard.append(("left", client, failed))
+  s.links[3].watch(Ear())
+  s.links[1].report([2], "client 2 missed beat 4")
+  s.links[2].report([2], "this client (2) was frozen")  # The same name again.
+  s.links[1].announce_departure(0, "finished", False)
+  s.links[1].report([2, 1], "clients 1, 2 missed beat 5")  # Someone new.
+  s.links[2].announce_departure(3, "exited (code 3)", True)
+  deadline = time.monotonic() + 5
+  while len(heard) < 3 and time.monotonic() < deadline:
+    time.sleep(0.01)
+  time.sleep(0.2)  # Nothing else is on its way.
+  assert heard == [([2], 1), ([2, 1], 1), ("left", 2, True)]
