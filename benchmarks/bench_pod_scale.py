@@ -15,8 +15,11 @@ Per N, two runs at the default period (2 s):
 1. Start-up: seconds from the start signal to the last client's ``go``,
    client 0's CPU seconds in it, and the descriptors client 0 held.
 2. A beat's bytes (the real exchange on client 0, its links replaced by a
-   counter): what one client sends and receives, what client 0 sends.
-3. The heartbeat's CPU, idle clients, over 10 beats after a warm-up:
+   counter): what one client sends, an outcome's size, what client 0 sends
+   a beat (a mean: without news, an outcome goes out every `ACK_EVERY`
+   beats).
+3. The heartbeat's CPU, idle clients, over `CPU_BEATS` beats (two rounds of
+   outcomes) after a warm-up:
    client 0's process, and the others' processes per client (a mean; the
    clients there share one GIL, so this is a bound), in % of one core.
 4. Detection: the failing client's process is SIGKILLed; seconds until the
@@ -54,7 +57,7 @@ import numpy as np  # noqa: E402
 from jdtensor._deadline import Deadline  # noqa: E402
 from jdtensor._env import HeartbeatSettings  # noqa: E402
 from jdtensor._wire import Frames, encode, encode_binary  # noqa: E402
-from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange  # noqa: E402
+from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange, ack_every_for  # noqa: E402
 from jdtensor.heartbeat.flight import RUNNING, WAITING  # noqa: E402
 from jdtensor.heartbeat.interfaces import ProcessHooks  # noqa: E402
 from jdtensor.heartbeat.protocol import Heartbeat  # noqa: E402
@@ -66,7 +69,12 @@ SECRET = "pod-scale-bench-" * 4
 TIMEOUT = 300.0
 PERIOD = 2.0  # The default period.
 STALL_TIMEOUT = 4.0
-CPU_BEATS = 10  # Beats over which the heartbeat's CPU is measured.
+# Client 0 sends an outcome without news every ACK_EVERY beats at the
+# default period and stuck time-out.
+ACK_EVERY = ack_every_for(PERIOD, HeartbeatSettings().stuck_timeout)
+# Beats over which the heartbeat's CPU is measured: two whole rounds of
+# outcomes, so that the figure is a beat's mean.
+CPU_BEATS = 2 * ACK_EVERY
 # Seconds one run (its start-up, beats and verdicts) may take in all before
 # its workers are killed: no read of a worker's output waits for ever.
 RUN_DEADLINE = 2 * TIMEOUT + 300.0
@@ -176,7 +184,8 @@ def worker(n: int, port: int, mine: list[int], mode: str) -> None:
         if mode == "stall":
           phase = RUNNING if c == n - 1 else WAITING
         links = meetings[c].links
-        hb = Heartbeat(hb_settings, c, n, exchange=_StandInExchange(c, n, links),
+        exchange = _StandInExchange(c, n, links, ACK_EVERY)
+        hb = Heartbeat(hb_settings, c, n, exchange=exchange,
                        peers=links, process=_Hooks(c, verdicts),
                        recorder=_StandInRecorder(phase, since))
         links.watch(hb)
@@ -350,16 +359,17 @@ class _CountingLinks:
     self.largest = max(self.largest, size)
 
 
-def beat(n: int, beats: int = 3) -> tuple[int, int, int, float]:
-  """(bytes a client sends, bytes a client receives, bytes client 0 sends,
-  client 0's CPU seconds) for one beat, with the real exchange on client 0:
-  the frames each link would bring, decoded, gathered and decided."""
+def beat(n: int) -> tuple[int, int, float, float]:
+  """(bytes a client sends a beat, bytes of an outcome without news, bytes
+  client 0 sends a beat (mean over a round of `ACK_EVERY` beats), client
+  0's CPU seconds a beat (median)), with the real exchange on client 0: the
+  frames each link would bring, decoded, gathered and decided."""
   links = _CountingLinks(n)
-  exchange = LinkExchange(0, n, links)
+  exchange = LinkExchange(0, n, links, ACK_EVERY)
   exchange.open(Heartbeat(HeartbeatSettings(), 0, n).decider)
-  cpu = []
+  cpu, sent = [], []
   row_bytes = 0
-  for b in range(beats):
+  for b in range(1 + ACK_EVERY):  # The first beat, then a round.
     links.sent = 0
     token = 0 if b == 0 else 4242
     row = encode_binary(ROW_FRAME.pack(ord("R"), b, token, 0, RUNNING, 37, 3))
@@ -371,7 +381,8 @@ def beat(n: int, beats: int = 3) -> tuple[int, int, int, float]:
         links.carrier(c, message)
     exchange.beat(Row(0, 4242, False, RUNNING, 37, 3, first=b == 0))
     cpu.append(time.thread_time() - started)
-  return row_bytes, links.largest, links.sent, float(np.median(cpu))
+    sent.append(links.sent)
+  return row_bytes, links.largest, float(np.mean(sent[1:])), float(np.median(cpu))
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -389,8 +400,8 @@ def main(argv: list[str] | None = None) -> str:
     worker(int(n), int(port), [int(c) for c in mine.split(",")], mode)
     return ""
   rows = ["| clients | start-up s | client 0 CPU s in it | client 0 descriptors | "
-          "bytes a client sends a beat | bytes a client receives a beat | "
-          "bytes client 0 sends a beat | client 0 CPU a beat (ms) | "
+          "bytes a client sends a beat | bytes of an outcome | "
+          "bytes client 0 sends a beat (mean) | client 0 CPU a beat (ms) | "
           "client 0 heartbeat % of a core | other clients % (mean) | "
           "SIGKILL detection s | stall detection s after the time-out |",
           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -400,14 +411,14 @@ def main(argv: list[str] | None = None) -> str:
     stall = (heartbeat_run(n, args.processes, "stall") if args.stall == "on"
              else {"detection": float("nan")})
     seconds, cpu, fds = kill["startup"]
-    sends, receives, zero_sends, beat_cpu = beat(n)
-    rows.append(f"| {n} | {seconds:.2f} | {cpu:.2f} | {fds} | {sends} | {receives} | "
-                f"{zero_sends} | {beat_cpu * 1e3:.1f} | {kill['client0_cpu']:.2f} | "
+    sends, outcome, zero_sends, beat_cpu = beat(n)
+    rows.append(f"| {n} | {seconds:.2f} | {cpu:.2f} | {fds} | {sends} | {outcome} | "
+                f"{zero_sends:.0f} | {beat_cpu * 1e3:.1f} | {kill['client0_cpu']:.2f} | "
                 f"{kill['other_cpu']:.3f} | {kill['detection']:.2f} | "
                 f"{stall['detection']:.2f} |")
     print(rows[-1], flush=True)
     last = (f"pod scale: {n} clients: detection {kill['detection']:.2f} s, client 0 "
-            f"heartbeat {kill['client0_cpu']:.2f}% of a core, {zero_sends} bytes a "
+            f"heartbeat {kill['client0_cpu']:.2f}% of a core, {zero_sends:.0f} bytes a "
             "beat at client 0")
   text = "\n".join(rows + ["", last])
   print(text)

@@ -58,6 +58,11 @@ class Frames:
     self._limit = limit
     self._binary = binary
 
+  @property
+  def empty(self) -> bool:
+    """Whether no part of a frame is held (the next byte starts one)."""
+    return not self._buf
+
   def feed(self, data: bytes) -> list[Any]:
     """The complete frames so far.
 

@@ -62,7 +62,7 @@ from jdtensor import _env, runtime
 from jdtensor import _logging as logging
 from jdtensor.errors import NotInitializedError, PeerFailureError
 from jdtensor.heartbeat.departure import Departure, ExitGuard, SystemExitWatch
-from jdtensor.heartbeat.exchange import LinkExchange
+from jdtensor.heartbeat.exchange import LinkExchange, ack_every_for
 from jdtensor.heartbeat.flight import MainThreadRecorder, format_stacks
 from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.protocol import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, HOST_EXIT_WAIT,
@@ -220,7 +220,8 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
     # nor race another thread's verdict while it does. Without a launcher to
     # read reports it is never needed.
     import jdtensor._report  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  exchange = LinkExchange(env.client_id, env.num_clients, state.links)
+  exchange = LinkExchange(env.client_id, env.num_clients, state.links,
+                          ack_every=ack_every_for(settings.period, settings.stuck_timeout))
   heartbeat = Heartbeat(settings, env.client_id, env.num_clients, exchange=exchange,
                         peers=state.links, process=_ClientProcess(env.client_id),
                         recorder=MainThreadRecorder(env.num_clients, _live_arrays))

@@ -5,8 +5,10 @@ A beat runs no XLA program, so the user's JAX sees exactly what raw
 links (`jdtensor.runtime.links.Links`, the start-up's connections, already
 open): every client sends its row to client 0 (a binary frame of 21 bytes),
 client 0 decides the beat once (`jdtensor.heartbeat.verdicts.Decider`) and
-sends every client the outcome (12 bytes when nothing happened). A beat
-costs a client O(1) bytes and client 0 O(N), whatever N is.
+sends every client the outcome: at once when it has news (a verdict, a
+straggler, the agreed end), and otherwise only every `ack_every`-th beat
+(12 bytes), which paces the clients and proves client 0's heartbeat alive.
+A beat costs a client O(1) bytes and client 0 O(N), whatever N is.
 """
 
 from __future__ import annotations
@@ -19,26 +21,49 @@ from typing import Any
 
 import numpy as np
 
+from jdtensor.heartbeat.flight import AT_EXIT
 from jdtensor.heartbeat.interfaces import Exchange
 from jdtensor.heartbeat.verdicts import (PLAIN_OUTCOME, Decider, Outcome, Row,
                                          from_ranges, to_ranges)
 
-__all__ = ["LinkExchange", "bounded", "ROW_FRAME"]
+__all__ = ["LinkExchange", "bounded", "ROW_FRAME", "ack_every_for"]
 
 # A row on the wire: kind, beat, token, stop, phase slot, seconds, busy.
 ROW_FRAME = struct.Struct("<BIiBBii")
 _ROW = ord("R")
+_PHASE = 7  # The phase slot's phase bits (`jdtensor.heartbeat.verdicts`).
+
+
+def ack_every_for(period: float, stuck_timeout: float) -> int:
+  """How many beats apart client 0 sends an outcome without news: four to a
+  stuck time-out, so that a stuck client 0 is still named within the stuck
+  time-out (plus a few periods), and every beat where the time-out is only
+  a few periods."""
+  return max(1, int(stuck_timeout / (4.0 * period)))
+
+
+def _news(outcome: Outcome) -> bool:
+  return outcome.verdict is not None or bool(outcome.stragglers) or outcome.end
+
+
+def _asks(beat: int, ack_every: int, stop: int, phase: int) -> bool:
+  """Whether a client waits for this beat's outcome: the first, every
+  `ack_every`-th, and any it asks to stop in or is at exit in (the agreed
+  end; a client at exit beats again at once, paced by the outcomes)."""
+  return beat % ack_every == 0 or bool(stop) or (phase & _PHASE) == AT_EXIT
 
 
 class _Gather:
   """Client 0: the rows of one beat, as they come in."""
 
-  __slots__ = ("have", "count", "tokens", "stop", "phases", "seconds", "busy")
+  __slots__ = ("have", "count", "tokens", "stop", "phases", "seconds", "busy",
+               "asked")
 
   def __init__(self, n: int):
     self.have = bytearray(n)
     self.count = 0
     self.stop = 0
+    self.asked = False  # Some client waits for this beat's outcome.
     self.tokens, self.phases = [0] * n, [0] * n
     self.seconds, self.busy = [0] * n, [0] * n
 
@@ -89,33 +114,51 @@ class LinkExchange(Exchange):
   ``answer`` (``c``: clients, as runs), ``share`` (key ``k``, text ``v``:
   client 0 passes it to every client).
 
+  A client other than client 0 waits for a beat's outcome only where it
+  asks for one (`_asks`); in other beats it sends its row and goes on, and
+  takes any news with its next beat. Client 0 waits for every beat.
+
   Args:
     client_id, num_clients: This client and the cluster size.
     links: This client's liveness links (`jdtensor.runtime.links.Links`).
+    ack_every: Client 0 sends an outcome without news every this many beats
+      (`ack_every_for`; the same on every client).
   """
 
-  def __init__(self, client_id: int, num_clients: int, links: Any):
+  def __init__(self, client_id: int, num_clients: int, links: Any, ack_every: int = 1):
     self.client_id, self.num_clients = client_id, num_clients
+    self.ack_every = max(1, int(ack_every))
     self._links = links
+    self._token = 0  # The cluster's token, once known.
     self._cond = threading.Condition()
     self._beat = 0
     self._gathers: dict[int, _Gather] = {}  # Client 0: beat -> rows so far.
+    # Guards the gathers (a plain lock: taken once a row, the cheapest).
+    self._gather_lock = threading.Lock()
     self._done = -1  # Client 0: the last beat whose outcome went out.
     self._outcomes: dict[int, Outcome] = {}
     self._answers: dict[int, Any] = {}
     self._queries = 0
     self._shared: dict[str, str] = {}
+    self._wake: Callable[[], None] | None = None
+    self._waiting_for = -1  # The beat whose outcome `beat` waits for.
 
-  def open(self, decider: Decider | None = None) -> None:
+  def open(self, decider: Decider | None = None,
+           wake: Callable[[], None] | None = None) -> None:
     """Takes this client's exchange messages from the links (those already
     received first: the others may beat before this client starts); on
-    client 0, `decider` decides every beat."""
+    client 0, `decider` decides every beat; `wake` is called when news comes
+    for a beat this client did not wait for."""
     self._decider = decider
+    self._wake = wake
     self._links.carry(self._on_message)
 
   def beat(self, row: Row) -> Outcome:
-    """One beat: this client's row in, the beat's outcome out. Blocks until
-    client 0 has every row; jdtensor's watchdog bounds the wait."""
+    """One beat: this client's row in, an outcome out: this beat's where
+    this client waits for it (client 0 always; the others where they ask,
+    `_asks`), else the oldest news not yet taken, else none (an outcome of
+    this beat without news). Waiting blocks until client 0 has every row;
+    jdtensor's watchdog bounds the wait."""
     beat = self._beat
     self._beat += 1
     seconds, busy = row.clamped
@@ -124,15 +167,32 @@ class LinkExchange(Exchange):
     else:
       self._links.send(ROW_FRAME.pack(_ROW, beat, row.token, int(row.stop),
                                       row.phase_code, seconds, busy), to=0)
+    wait = self.client_id == 0 or _asks(beat, self.ack_every, int(row.stop),
+                                        row.phase_code)
     with self._cond:
-      while beat not in self._outcomes:
+      self._waiting_for = beat if wait else -1
+      while True:
+        # News not yet taken is taken first (oldest first), without waiting:
+        # a beat's news (the agreed end) may come while this client takes an
+        # older one, and no later beat may ever be decided.
+        news = [b for b in sorted(self._outcomes) if b <= beat and _news(self._outcomes[b])]
+        if news or not wait or beat in self._outcomes:
+          break
         self._cond.wait()
-      return self._outcomes.pop(beat)
+      self._waiting_for = -1
+      if news:
+        taken = self._outcomes.pop(news[0])
+      else:
+        taken = self._outcomes.get(beat) or Outcome(beat, self._token)
+      for b in [b for b in self._outcomes if b <= beat and b not in news]:
+        del self._outcomes[b]  # Without news, and this beat is past them.
+      self._token = taken.token
+      return taken
 
   def _add(self, beat: int, client: int, token: int, stop: int, phase: int,
            seconds: int, busy: int) -> None:
     """Client 0: one client's row; the outcome goes out once every row is in."""
-    with self._cond:
+    with self._gather_lock:
       if beat <= self._done:
         return  # A row again, or late: ignored.
       gather = self._gathers.get(beat)
@@ -145,6 +205,8 @@ class LinkExchange(Exchange):
       gather.tokens[client], gather.phases[client] = token, phase
       gather.seconds[client], gather.busy[client] = seconds, busy
       gather.stop += stop
+      if _asks(beat, self.ack_every, stop, phase):
+        gather.asked = True
       if gather.count < self.num_clients:
         return
       del self._gathers[beat]
@@ -153,9 +215,10 @@ class LinkExchange(Exchange):
     assert decider is not None, "open() first"
     merged = gather.merged(first=beat == 0)
     outcome = decider.first(merged) if beat == 0 else decider.decide(merged)
-    # Out before this client's own beat returns, so the others always have a
-    # beat's outcome before the next beat can complete.
-    self._links.send(outcome.to_wire())
+    # Out before this client's own beat returns, so that a client waiting for
+    # a beat always has its outcome before the next beat can complete.
+    if gather.asked or _news(outcome):
+      self._links.send(outcome.to_wire())
     with self._cond:
       self._outcomes[beat] = outcome
       self._cond.notify_all()
@@ -203,6 +266,10 @@ class LinkExchange(Exchange):
     with self._cond:
       self._outcomes[outcome.beat] = outcome
       self._cond.notify_all()
+      unawaited = outcome.beat != self._waiting_for
+    wake = self._wake
+    if wake is not None and unawaited and _news(outcome):
+      wake()  # The heartbeat thread is between beats: it beats at once.
 
   def _answer(self, query: int, value: Any) -> None:
     with self._cond:
@@ -210,11 +277,13 @@ class LinkExchange(Exchange):
       self._cond.notify_all()
 
   def _missing(self, beat: int) -> list[int]:
-    """Client 0: the clients whose row for `beat` it does not hold."""
-    with self._cond:
+    """Client 0: whom the beats up to `beat` wait for: the clients whose row
+    for the oldest beat not yet complete it does not hold (the others may
+    be beats ahead; that beat holds everyone up)."""
+    with self._gather_lock:
       if beat <= self._done:
         return []
-      gather = self._gathers.get(beat)
+      gather = self._gathers.get(self._done + 1)
       if gather is None:
         return list(range(self.num_clients))
       return [c for c, have in enumerate(gather.have) if not have]

@@ -8,6 +8,8 @@ the `Peers` methods), and a test fake is a few lines.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import os
 import time
 from typing import Any
@@ -37,9 +39,12 @@ class Exchange:
   close_timeout: float = 60.0
   _decider: Decider | None = None
 
-  def open(self, decider: Decider | None = None) -> None:
+  def open(self, decider: Decider | None = None,
+           wake: Callable[[], None] | None = None) -> None:
     """Starts this client's end, with the decider of this client's beats;
-    run on the heartbeat thread before the first exchange."""
+    run on the heartbeat thread before the first exchange. `wake` is called
+    when news (a verdict, a straggler, the agreed end) arrives for a beat
+    this client did not wait for, so that it takes the news at once."""
     self._decider = decider
 
   def beat(self, row: Row) -> Outcome:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -187,7 +188,10 @@ class Heartbeat:
     self.terminating = False
     self.said = threading.Event()
     self.token = 0
-    self.beats = 0  # Completed beats after the first exchange.
+    # The last beat after the first exchange whose outcome this client took
+    # (the agreed end's beat is the same on every client).
+    self.beats = 0
+    self._exchanged = 0  # Beats after the first this client has exchanged.
     self.beat_seconds = 0.0  # Total wall time spent inside beats.
     self.failure: PeerFailureError | None = None
     self.closed_cleanly: bool | None = None  # Result of the teardown.
@@ -221,7 +225,7 @@ class Heartbeat:
     try:
       outcome = self._exchange.beat(row)  # type: ignore[union-attr]
     except Exception as e:  # pylint: disable=broad-except
-      self._fail(*self._missed(self.beats + 1, self.stuck_timeout,
+      self._fail(*self._missed(self._exchanged + 1, self.stuck_timeout,
                                f" (the beat failed: {_first_line(e)})"))
       return None
     with self._beat_changed:
@@ -248,7 +252,7 @@ class Heartbeat:
     def run() -> None:
       if self._exchange is not None:
         try:
-          self._exchange.open(self.decider)
+          self._exchange.open(self.decider, wake=self._wake.set)
         except BaseException as e:  # pylint: disable=broad-except
           open_errors.append(e)
           return
@@ -308,13 +312,20 @@ class Heartbeat:
   def _loop(self) -> None:
     logging.info("Starting a heartbeat thread")
     wall, cpu = self._clock(), self._cpu()
+    # Beats on a schedule from the first exchange's end, which every client
+    # reaches at once: the clients' rows reach client 0 together, a batch a
+    # beat, also where they do not wait for each beat's outcome. A beat that
+    # ends late starts the schedule again from its end.
+    next_beat = time.monotonic() + self.period
     while self.failure is None:
       # At exit, beat again at once: the agreed end is the first beat every
       # client sends at exit, and waiting a period here would hold this
       # client's exit up to a period after the last client finished. No spin:
       # the exchange itself waits for the others' next beats.
-      if self._wake.wait(0 if self.exiting == "finished" else self.period):
+      wait = 0.0 if self.exiting == "finished" else next_beat - time.monotonic()
+      if self._wake.wait(max(0.0, wait)):
         self._wake.clear()
+      next_beat = max(next_beat + self.period, time.monotonic() + self.period / 2)
       stop = self.event.is_set()
       now, now_cpu = self._clock(), self._cpu()
       busy = 100.0 * (now_cpu - cpu) / max(now - wall, 1e-3)
@@ -326,14 +337,16 @@ class Heartbeat:
       outcome = self._timed_exchange(row)
       if outcome is None:
         break
-      self.beats += 1
+      self._exchanged += 1
+      # An older beat's news, taken late, does not move the count back.
+      self.beats = max(self.beats, outcome.beat)
       logging.vlog(2, "Heartbeat outcome %s", outcome)
       verdict = outcome.verdict
       if verdict is not None and verdict.kind == OUT_OF_SYNC:
         self._out_of_sync(verdict)
         break
       for client, share in outcome.stragglers:
-        self._straggler(client, share)
+        self._straggler(client, share, outcome.beat)
       if outcome.end:
         logging.info("Exiting the heartbeat thread normally")
         if self.decider.view is not None:  # The ledger was kept here.
@@ -341,19 +354,19 @@ class Heartbeat:
                                       self.decider.run_seconds())
         break
       if verdict is not None:
-        self._act_on(verdict)
+        self._act_on(verdict, outcome.beat)
       if self._process.status_wanted():
         self._process.publish_status(self.status())
 
   # -- waiting and stragglers (never a verdict) ---------------------------------
 
-  def _straggler(self, client: int, share: float) -> None:
+  def _straggler(self, client: int, share: float, beat: int) -> None:
     """Logs, once on every client, that the others wait for `client`, with
     where its main thread is (it shares it; the others fetch it off the beat
     thread, so a beat is never held up)."""
     text = (f"heartbeat: client {client} is a straggler: the others waited for it "
             f"{share:.0f}% of the last {self.decider.waits.window:g} s")
-    key = f"straggler/{client}/{self.beats}"
+    key = f"straggler/{client}/{beat}"
     if client == self.client_id:
       where = self.recorder.where()
       self._share(key, where)
@@ -400,7 +413,7 @@ class Heartbeat:
 
   # -- verdicts (decided in `jdtensor.heartbeat.verdicts`, said here) -----------
 
-  def _act_on(self, verdict: Verdict) -> None:
+  def _act_on(self, verdict: Verdict, beat: int) -> None:
     """Says a beat's verdict in this client's words and applies the policy
     (every client has the same verdict: nobody needs to be told)."""
     n = self.num_clients
@@ -412,7 +425,7 @@ class Heartbeat:
                  "collective)", gone, told=True)
     elif verdict.kind == STALLED:
       staller = verdict.culprits[0]
-      self._stalled(staller, verdict.seconds,
+      self._stalled(staller, verdict.seconds, beat,
                     [c for c in range(n) if c != staller])
     elif verdict.kind == ALL_WAITING:
       text = (f"heartbeat: every client has waited in a collective for "
@@ -424,8 +437,9 @@ class Heartbeat:
       else:
         logging.warning("%s", text)
 
-  def _stalled(self, staller: int, seconds: int, waiters: list[int]) -> None:
-    key = f"stall/{self.beats}"
+  def _stalled(self, staller: int, seconds: int, beat: int, waiters: list[int]
+               ) -> None:
+    key = f"stall/{beat}"
     if staller == self.client_id:
       where = self.recorder.where()
       self._share(key, where)
@@ -497,7 +511,7 @@ class Heartbeat:
           if started is not None and now - started > self.stuck_timeout:
             break
       if not self.stopped.is_set():
-        self._fail(*self._missed(self.beats + 1, self.stuck_timeout, ""))
+        self._fail(*self._missed(self._exchanged + 1, self.stuck_timeout, ""))
     except BaseException as e:  # pylint: disable=broad-except
       self._own_failure(e)
 
@@ -624,7 +638,7 @@ class Heartbeat:
       self._fail(f"heartbeat: client {client} is gone ({how})", [client])
       return
     age = self._clock() - self._last_beat
-    self._fail(f"heartbeat: client {client} missed beat {self.beats + 1} (last "
+    self._fail(f"heartbeat: client {client} missed beat {self._exchanged + 1} (last "
                f"seen {age:.1f} s ago; {how})", [client])
 
   def peer_reported(self, clients: list[int], why: str, reporter: int) -> None:

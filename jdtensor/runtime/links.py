@@ -9,11 +9,12 @@ ends is seen at once by the others' end of its connection.
 
 from __future__ import annotations
 
-import selectors
+import select
 import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from jdtensor._wire import Frames, encode, encode_binary
 
@@ -32,8 +33,66 @@ _RECV_BYTES = 65536
 # anything client 0 hears.
 _HUB_BATCH_WAIT = 0.002
 _HUB_BATCH = 32
+# Seconds a send may wait for room in a peer's socket buffer.
+_SEND_TIMEOUT = 5.0
 # Client 0's word, during start-up, that its JAX coordination service listens.
 SERVICE_UP = "service"
+
+
+def _send_all(sock: socket.socket, data: bytes, timeout: float = _SEND_TIMEOUT) -> None:
+  """Sends `data` on a non-blocking socket, waiting up to `timeout` s in all
+  for room; a peer that is gone or stops reading is given up on (its end of
+  stream, or the heartbeat, tells)."""
+  deadline = None
+  while data:
+    try:
+      data = data[sock.send(data):]
+      continue
+    except BlockingIOError:
+      pass
+    except OSError:
+      return
+    if deadline is None:
+      deadline = time.monotonic() + timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+      return
+    poller = select.poll()
+    try:
+      poller.register(sock, select.POLLOUT)
+      poller.poll(left * 1000)
+    except (OSError, ValueError):
+      return
+
+
+class _Poller:
+  """Readable sockets by descriptor: epoll (poll where there is none), never
+  select(), which breaks at descriptor 1024 (client 0 holds a link per
+  client; a data loader may hold thousands of files). A wake-up costs what
+  is ready, not N, and hands back plain descriptors (no per-socket objects
+  built for each wake-up, as `selectors` does)."""
+
+  def __init__(self) -> None:
+    if hasattr(select, "epoll"):
+      self._impl: Any = select.epoll()
+      self._unit = 1.0  # epoll takes seconds,
+    else:
+      self._impl = select.poll()
+      self._unit = 1000.0  # poll milliseconds.
+
+  def register(self, fd: int) -> None:
+    self._impl.register(fd, select.POLLIN)
+
+  def unregister(self, fd: int) -> None:
+    self._impl.unregister(fd)
+
+  def poll(self, timeout: float) -> list[tuple[int, int]]:
+    return self._impl.poll(timeout * self._unit)
+
+  def close(self) -> None:
+    close = getattr(self._impl, "close", None)
+    if close is not None:
+      close()
 
 
 def _peer_open(sock: socket.socket) -> bool:
@@ -79,7 +138,11 @@ class Links:
     self.client_id = client_id
     self._sockets = dict(sockets)
     for sock in self._sockets.values():
-      sock.settimeout(5.0)  # A peer that stops reading cannot block a send.
+      # Non-blocking: one system call a message where it fits the socket's
+      # buffer, as a beat always does (a socket with a time-out polls before
+      # every send and recv); `_send_all` bounds a send to a peer that stops
+      # reading.
+      sock.setblocking(False)
     self._closing = False
     self._said_bye: set[int] = set()
     self._reported: set[int] = set()  # Client 0: the clients reports named.
@@ -116,44 +179,46 @@ class Links:
       method(*args)
 
   def _watch(self) -> None:
-    # epoll, not select(): client 0 holds a link per client, and any
-    # descriptor past 1024 (a run of 500 clients, or a data loader's open
-    # files) breaks select(). A wake-up costs what is ready, not N.
     frames = {client: Frames(lenient=True, limit=LINK_FRAME, binary=True)
               for client in self._sockets}
-    selector = selectors.DefaultSelector()
+    poller = _Poller()
+    by_fd: dict[int, tuple[int, socket.socket]] = {}
     with self._lock:
       for client, sock in self._sockets.items():
         try:
-          selector.register(sock, selectors.EVENT_READ, client)
+          poller.register(sock.fileno())
         except (OSError, ValueError):
-          pass  # Closed here already: this process is ending its links.
-    if not selector.get_map():
-      selector.close()
+          continue  # Closed here already: this process is ending its links.
+        by_fd[sock.fileno()] = (client, sock)
+    if not by_fd:
+      poller.close()
       return
     hub = len(self._sockets) > 1
     try:
       while self._sockets and not self._closing:
         try:
-          ready = selector.select(5.0)
+          ready = poller.poll(5.0)
+          if hub and len(ready) < _HUB_BATCH:
+            time.sleep(_HUB_BATCH_WAIT)
+            ready = poller.poll(0)
         except (OSError, ValueError):
           return  # Closed under us: we are exiting.
-        if hub and len(ready) < _HUB_BATCH:
-          time.sleep(_HUB_BATCH_WAIT)
+        for fd, _ in ready:
+          entry = by_fd.get(fd)
+          if entry is None:
+            continue
+          client, sock = entry
           try:
-            ready = selector.select(0)
-          except (OSError, ValueError):
-            return
-        for key, _ in ready:
-          client, sock = key.data, key.fileobj
-          try:
-            chunk = sock.recv(_RECV_BYTES)  # type: ignore[union-attr]
+            chunk = sock.recv(_RECV_BYTES)
+          except BlockingIOError:
+            continue  # Nothing after all (the socket is non-blocking).
           except OSError:
             chunk = b""
           if not chunk:
+            del by_fd[fd]
             try:
-              selector.unregister(sock)
-            except (KeyError, ValueError):
+              poller.unregister(fd)
+            except (OSError, ValueError, KeyError):
               pass
             self._drop(client)
             if not self._closing and client not in self._said_bye:
@@ -161,10 +226,17 @@ class Links:
                          "its process ended without saying goodbye"
                          if client != 0 else "the coordinator's process ended")
             continue
+          carrier = self._carrier
+          if (chunk[0] == 0 and len(chunk) == 2 + chunk[1] and carrier is not None
+              and not self._closing and frames[client].empty):
+            # The beat's common case, a whole binary frame alone: straight to
+            # the exchange (client 0 takes N of them a beat).
+            carrier(client, chunk[2:])
+            continue
           for message in frames[client].feed(chunk):
             self._dispatch(client, message)
     finally:
-      selector.close()
+      poller.close()
 
   def _dispatch(self, client: int, message: dict[str, object] | bytes) -> None:
     if isinstance(message, bytes) or "hb" in message:
@@ -237,10 +309,7 @@ class Links:
     line = encode_binary(message) if isinstance(message, bytes) else encode(message)
     with self._send_lock:
       for sock in targets:
-        try:
-          sock.sendall(line)
-        except OSError:
-          pass  # Gone; its end of stream tells the watching thread.
+        _send_all(sock, line)
 
   def send(self, message: dict[str, object] | bytes, to: int | None = None,
            skip: Collection[int] = ()) -> None:

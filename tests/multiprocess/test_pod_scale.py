@@ -33,8 +33,8 @@ def test_clients_holding_1100_open_files_start_run_and_name_a_killed_peer(bad):
 def test_the_pod_scale_benchmark_at_small_sizes():
   """benchmarks/bench_pod_scale.py with the real handshake, links, exchange,
   watchdog and verdicts, at sizes this machine runs in seconds: a beat costs
-  a client the same few bytes at any size, client 0 a row's worth per
-  client; a SIGKILLed client and a staller are named by every survivor."""
+  a client the same few bytes at any size, client 0 an outcome's worth per
+  client every few beats; a SIGKILLed client and a staller are named by every survivor."""
   from benchmarks import bench_pod_scale  # pylint: disable=g-import-not-at-top
   text = bench_pod_scale.main(["--clients", "8,32", "--processes", "2",
                                "--cpu-beats", "2"])
@@ -46,11 +46,27 @@ def test_the_pod_scale_benchmark_at_small_sizes():
     zero_cpu, other_cpu, killed, stalled = (float(v.strip(" |")) for v in r[8:12])
     assert fds >= n - 1, text  # Client 0 holds a link per client.
     assert (sends, receives) == (21, 12), text  # A row in, an outcome out.
-    assert zero_sends == (n - 1) * receives, text
+    # Without news, an outcome to every client every ACK_EVERY beats.
+    assert zero_sends == round((n - 1) * receives / bench_pod_scale.ACK_EVERY), text
     assert zero_cpu < 2.0 and other_cpu < 0.5, text
     assert killed < 1.0, text  # Every survivor named the SIGKILLed client.
     # The staller is named at the first beat past its time-out.
     assert 0.0 <= stalled < bench_pod_scale.PERIOD + 1.0, text
   assert re.fullmatch(r"pod scale: 32 clients: detection [0-9.]+ s, client 0 heartbeat "
-                      r"[0-9.]+% of a core, 372 bytes a beat at client 0",
+                      r"[0-9.]+% of a core, "
+                      f"{round(31 * 12 / bench_pod_scale.ACK_EVERY)} bytes a beat at client 0",
                       text.splitlines()[-1]), text
+
+
+def test_the_hub_beat_benchmark_at_a_small_size():
+  """benchmarks/bench_hub_beat.py: client 0's real links, exchange and
+  decider beat against a driver process holding the other clients' links,
+  both ways (an outcome every beat, and the default)."""
+  from benchmarks import bench_hub_beat  # pylint: disable=g-import-not-at-top
+  text = bench_hub_beat.main(["--clients", "16", "--beats", "1"])
+  rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 16 ")]
+  assert [r[1] for r in rows] == [
+      "every beat", f"every {bench_hub_beat.ACK_EVERY} beats (default)"], text
+  for r in rows:
+    user, system, share = float(r[2]), float(r[3]), float(r[4].strip(" |"))
+    assert user >= 0 and system >= 0 and 0 <= share < 1.0, text

@@ -366,7 +366,7 @@ def judge(n, states, period=1.0, stall=300.0, kill_all=False, me=0, joined=None)
   verdict = verdicts.judge(phases, seconds, busy, joined, hb.exit_grace,
                            hb.stall_timeout)
   if verdict is not None:
-    hb._act_on(verdict)
+    hb._act_on(verdict, 0)
   return hb.failure
 
 

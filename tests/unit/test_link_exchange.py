@@ -29,14 +29,14 @@ def decider(n: int) -> Decider:
 class Star:
   """`n` clients' links and exchanges in one process."""
 
-  def __init__(self, n: int, open_now: bool = True):
+  def __init__(self, n: int, open_now: bool = True, ack_every: int = 1):
     self.n = n
     pairs = {c: socket.socketpair() for c in range(1, n)}
     self.links = [Links(0, {c: pairs[c][0] for c in pairs})]
     self.links += [Links(c, {0: pairs[c][1]}) for c in range(1, n)]
     for link in self.links:
       link.watch(None)
-    self.exchanges = [LinkExchange(c, n, self.links[c]) for c in range(n)]
+    self.exchanges = [LinkExchange(c, n, self.links[c], ack_every) for c in range(n)]
     self.deciders = [decider(n) for _ in range(n)]
     if open_now:
       for c in range(n):
@@ -69,8 +69,8 @@ class Star:
 def star():
   made = []
 
-  def make(n, open_now=True):
-    made.append(Star(n, open_now))
+  def make(n, open_now=True, ack_every=1):
+    made.append(Star(n, open_now, ack_every))
     return made[-1]
   yield make
   for s in made:
@@ -158,8 +158,8 @@ def test_a_roll_call_names_whose_row_client_0_holds(star):
   assert 0.25 < time.monotonic() - started < 2.0  # It waited its grace.
   # The caller counts itself present: it asks from inside the beat.
   assert s.exchanges[0].roll_call(0, 0.01) == {0, 1, 2}
-  # A beat client 0 has not started: everyone but the caller is missing.
-  assert s.exchanges[2].roll_call(7, 0.0) == {2}
+  # A later beat waits for the oldest: the same clients hold it up.
+  assert s.exchanges[2].roll_call(7, 0.0) == {1, 2}
 
 
 def test_a_completed_beat_has_everyone_present(star):
@@ -298,10 +298,11 @@ def _named(hbs, clients):
   return {c: hbs[c].failure for c in clients}
 
 
-def test_the_hub_gone_is_named_by_every_client(star):
+@pytest.mark.parametrize("ack_every", [1, 5])
+def test_the_hub_gone_is_named_by_every_client(star, ack_every):
   """Client 0 decides the beats and relays every report: when its process
   ends, every other client names it at once (its link's end)."""
-  s = star(4, open_now=False)
+  s = star(4, open_now=False, ack_every=ack_every)
   hbs = heartbeats(s)
   for sock in list(s.links[0]._sockets.values()):  # pylint: disable=protected-access
     sock.close()
@@ -310,10 +311,11 @@ def test_the_hub_gone_is_named_by_every_client(star):
   assert "the coordinator's process ended" in str(hbs[1].failure)
 
 
-def test_a_partitioned_client_is_named_on_both_sides(star):
+@pytest.mark.parametrize("ack_every", [1, 5])
+def test_a_partitioned_client_is_named_on_both_sides(star, ack_every):
   """A client whose link to client 0 breaks (a network partition): client 0
   names it and tells the others; it names client 0."""
-  s = star(4, open_now=False)
+  s = star(4, open_now=False, ack_every=ack_every)
   hbs = heartbeats(s)
   s.links[2]._sockets[0].shutdown(socket.SHUT_RDWR)  # pylint: disable=protected-access
   assert _named(hbs, [0, 1, 2, 3]) == {0: (2,), 1: (2,), 3: (2,), 2: (0,)}
@@ -321,10 +323,11 @@ def test_a_partitioned_client_is_named_on_both_sides(star):
   assert [len(hb._process.reported) for hb in hbs] == [1, 1, 1, 1]  # pylint: disable=protected-access
 
 
-def test_a_row_that_never_comes_is_named_by_the_roll_call(star):
+@pytest.mark.parametrize("ack_every", [1, 5])
+def test_a_row_that_never_comes_is_named_by_the_roll_call(star, ack_every):
   """Client 3 freezes before its row: the others' beat is overdue, and
   client 0's roll call names client 3 to each of them."""
-  s = star(4, open_now=False)
+  s = star(4, open_now=False, ack_every=ack_every)
   frozen = threading.Event()
   real = s.exchanges[3].beat
 
@@ -366,3 +369,90 @@ def test_client_0_relays_a_report_only_when_it_names_someone_new(star):
     time.sleep(0.01)
   time.sleep(0.2)  # Nothing else is on its way.
   assert heard == [([2], 1), ([2, 1], 1), ("left", 2, True)]
+
+
+def test_without_news_an_outcome_goes_out_only_every_few_beats():
+  """ack_every=3: client 0 sends an outcome without news at beats 0, 3, 6;
+  the others do not wait for the beats between."""
+  n = 5
+  links = _CountingLinks(n)
+  exchange = LinkExchange(0, n, links, ack_every=3)
+  exchange.open(decider(n))
+  sent = []
+  for beat in range(7):
+    row = ROW_FRAME.pack(ord("R"), beat, 0 if beat == 0 else TOKEN, 0, RUNNING, 5, 1)
+    for c in range(1, n):
+      links.carrier(c, row)
+    assert exchange.beat(rows_of(1, beat)[0]) == Outcome(beat, TOKEN)
+    sent.append(len(links.sent))
+    links.sent.clear()
+  assert sent == [1, 0, 0, 1, 0, 0, 1]
+
+
+def test_news_reaches_a_client_that_does_not_wait_at_its_next_beat(star):
+  s = star(3, ack_every=100)
+  s.beat(rows_of(3, 0))
+  # Beat 1: clients 1 and 2 send and go on; client 0 decides once it has
+  # every row: client 2 is out of sync.
+  rows = rows_of(3, 1, c2=Row(2, 99, False, RUNNING, 1, 0))
+  out = s.beat({1: rows[1], 2: rows[2]})
+  assert out == {1: Outcome(1, TOKEN), 2: Outcome(1, TOKEN)}  # Nothing known yet.
+  verdict = s.beat({0: rows[0]})[0].verdict
+  assert verdict == Verdict(OUT_OF_SYNC, (2,), tokens=(99,), cluster_token=TOKEN)
+  deadline = time.monotonic() + 5
+  while 1 not in s.exchanges[1]._outcomes and time.monotonic() < deadline:  # pylint: disable=protected-access
+    time.sleep(0.01)
+  later = s.beat({1: rows_of(3, 2)[1]})[1]
+  assert (later.beat, later.verdict) == (1, verdict)
+
+
+def test_news_not_yet_taken_is_taken_without_waiting(star):
+  """A client at exit that takes an older beat's news (a straggler) while
+  the agreed end comes for the beat it waited for takes the end at its next
+  beat at once: no later beat will ever be decided (a real deadlock at a
+  20 ms period, before)."""
+  s = star(2, ack_every=100)
+  s.beat(rows_of(2, 0))
+  ex = s.exchanges[1]
+  ex._beat = 2  # pylint: disable=protected-access  # Beat 1 went by unawaited.
+  ex._outcome(Outcome(1, TOKEN, stragglers=((0, 80.0),)))  # pylint: disable=protected-access
+  ex._outcome(Outcome(2, TOKEN, end=True))  # pylint: disable=protected-access
+  at_exit = Row(1, TOKEN, False, AT_EXIT, 0, 0)
+  assert s.beat({1: at_exit}, timeout=5)[1].stragglers == ((0, 80.0),)
+  assert s.beat({1: at_exit}, timeout=5) == {1: Outcome(2, TOKEN, end=True)}
+
+
+def test_news_for_a_beat_nobody_waited_for_wakes_the_heartbeat(star):
+  """A client between beats is woken when news comes (it takes a verdict at
+  once, not a period later); an outcome it waits for, or one without news,
+  wakes nobody."""
+  s = star(3, open_now=False, ack_every=100)
+  woken = {c: threading.Event() for c in range(3)}
+  for c in range(3):
+    s.exchanges[c].open(s.deciders[c], wake=woken[c].set)
+  s.beat(rows_of(3, 0))  # Waited for by everyone (the first beat).
+  s.beat(rows_of(3, 1))  # No news.
+  time.sleep(0.2)
+  assert not any(w.is_set() for w in woken.values())
+  rows = rows_of(3, 2, c2=Row(2, 99, False, RUNNING, 1, 0))
+  s.beat({1: rows[1], 2: rows[2]})
+  s.beat({0: rows[0]})  # Client 0 waits for it; 1 and 2 had gone on.
+  for c in (1, 2):
+    assert woken[c].wait(5), f"client {c} not woken"
+  assert not woken[0].is_set()
+
+
+def test_a_client_at_exit_waits_for_every_beat(star):
+  """At exit a client beats again at once: it waits for each outcome (no
+  spin), and client 0 sends one because it asked."""
+  s = star(2, ack_every=100)
+  s.beat(rows_of(2, 0))
+  at_exit = Row(1, TOKEN, False, AT_EXIT, 0, 0)
+  out = s.beat({1: at_exit}, timeout=0.3)
+  assert out == {}  # Waiting for client 0's row.
+  both = s.beat({0: Row(0, TOKEN, False, AT_EXIT, 0, 0)})
+  assert both[0] == Outcome(1, TOKEN, end=True)
+  deadline = time.monotonic() + 5
+  while 1 not in out and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert out == {1: Outcome(1, TOKEN, end=True)}  # The waiting client's beat.
