@@ -110,6 +110,14 @@ def get_parser() -> argparse.ArgumentParser:
                       help="after a failure, start every client again (new ports "
                       "and secret, JDTENSOR_RESTART_COUNT), up to this many "
                       "times (default 0)")
+  launch.add_argument("--log-dir", default=None, metavar="DIR",
+                      help="also write each client's output, as it wrote it, to "
+                      "DIR/client-<k>.log (created if needed; appended to, one "
+                      "header line an attempt); the summary names the root "
+                      "cause's file")
+  launch.add_argument("--log-only", action="store_true",
+                      help="with --log-dir: the clients' output to the files only "
+                      "(the launcher's own lines stay on the console)")
   launch.add_argument("cmd", nargs=argparse.REMAINDER,
                       help="the command each client runs (after --)")
 
@@ -173,6 +181,24 @@ def _launch(args: argparse.Namespace) -> int:
   from jdtensor import _env  # pylint: disable=g-import-not-at-top
   from jdtensor.errors import ConfigError  # pylint: disable=g-import-not-at-top
   extra = {}
+  if args.log_only and args.log_dir is None:
+    print("jdtensor launch: --log-only needs --log-dir DIR (where the clients' "
+          "output goes instead of the console)", file=sys.stderr)
+    return 2
+  if args.log_dir is not None:
+    log_dir = os.path.abspath(args.log_dir)
+    try:
+      os.makedirs(log_dir, exist_ok=True)
+      probe = os.path.join(log_dir, f".jdtensor-probe-{os.getpid()}")
+      with open(probe, "w", encoding="utf-8"):
+        pass
+      os.unlink(probe)
+    except OSError as e:
+      print(f"jdtensor launch: --log-dir {args.log_dir!r}: cannot write there "
+            f"({e.strerror}); give a folder this user can create and write",
+            file=sys.stderr)
+      return 2
+    extra.update(log_dir=log_dir, log_only=args.log_only)
   try:
     if args.nnodes > 1:  # The nodes share the secret the user set (or none).
       extra["secret"] = _env.read_run_secret()

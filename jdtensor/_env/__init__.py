@@ -56,6 +56,7 @@ from jdtensor._env.parse import (MAX_TIMEOUT, parse_host, parse_port,
                                  parse_bind_address, parse_timeout, parse_bool,
                                  parse_int, read_bool, process_environ)
 from jdtensor._env.cluster_env import (normalize_address, read_run_secret, ClusterEnv,
+                                       run_secret_hint,
                                        detection_method,
                                        parse_jobs, jobs, num_clients, client_id,
                                        job_name, read_cluster_env,
@@ -75,6 +76,7 @@ from jdtensor._env.heartbeat_env import (HEARTBEAT_POLICIES, HeartbeatSettings,
                                          read_heartbeat_settings, settle_timeouts)
 
 __all__ = [
+    "run_secret_hint",
     "DTENSOR_CLIENT_ID",
     "DTENSOR_JOBS",
     "DTENSOR_JOB_NAME",

@@ -47,6 +47,25 @@ def read_run_secret(environ: Mapping[str, str] | None = None) -> str | None:
   return raw.strip()
 
 
+def run_secret_hint(environ: Mapping[str, str] | None = None) -> str:
+  """How to give every client the same ``JDTENSOR_RUN_SECRET`` under the
+  engine this process runs under (read from the engine's own variables)."""
+  env = environ_or_default(environ)
+  make = ('export JDTENSOR_RUN_SECRET=$(python -c "import secrets; '
+          'print(secrets.token_hex(32))")')
+  if "OMPI_COMM_WORLD_SIZE" in env:
+    return (f"under mpirun: `{make}`, then `mpirun -x JDTENSOR_RUN_SECRET ...` "
+            "(Open MPI passes only the variables -x names)")
+  if "SLURM_JOB_ID" in env:
+    return (f"under SLURM: `{make}` in the batch script or shell before srun "
+            "(srun passes the environment on: --export=ALL, its default; with "
+            "--export=NONE or a list, add JDTENSOR_RUN_SECRET to it)")
+  if "KUBERNETES_SERVICE_HOST" in env:
+    return ("under Kubernetes: from one Secret in every pod's env "
+            "(valueFrom.secretKeyRef)")
+  return "`jdtensor launch` sets one per run; set the same one on every client"
+
+
 def _bns_task_id(job: str) -> int | str:
   # DTensor's `_bns_task_id`: last path component, text before its first ':'.
   tail = job.split("/")[-1].split(":")[0]

@@ -65,7 +65,8 @@ from jdtensor.heartbeat.departure import Departure, ExitGuard, SystemExitWatch
 from jdtensor.heartbeat.exchange import LinkExchange, ack_every_for
 from jdtensor.heartbeat.flight import MainThreadRecorder, format_stacks
 from jdtensor.heartbeat.interfaces import ProcessHooks
-from jdtensor.heartbeat.protocol import (EXIT_CODE, FIRST_EXCHANGE_ALLOWANCE, HOST_EXIT_WAIT,
+from jdtensor.heartbeat.protocol import (CULPRIT_EXIT_GRACE, EXIT_CODE,
+                                         FIRST_EXCHANGE_ALLOWANCE, HOST_EXIT_WAIT,
                                          OWN_FAILURE_EXIT_CODE, POLICIES, ROLL_CALL_GRACE,
                                          Heartbeat)
 
@@ -110,6 +111,9 @@ class _ClientProcess(ProcessHooks):
 
   def tell_launcher(self, clients: list[int], why: str, leaving: bool) -> None:
     _tell_launcher(self.client_id, clients, why, leaving=leaving)
+
+  def culprit_grace(self) -> float:
+    return 0.0 if self.report_dir else CULPRIT_EXIT_GRACE
 
   # `jdtensor._status` is imported when used: only under `jdtensor launch`.
   def status_wanted(self) -> bool:
@@ -300,6 +304,13 @@ def leave(departure: Departure) -> bool:
       # this exit would cut short: wait for the line, or say it here.
       if hb is None or not hb.terminating or not hb.said.wait(HOST_EXIT_WAIT):
         sys.stderr.write(f"jdtensor: client {me} {departure.why}\n")
+      failure = None if hb is None else hb.failure
+      culprits = [] if failure is None else [c for c in failure.client_ids if c != me]
+      if (culprits and links is not None and hb is not None and hb.culprit_wait > 0
+          and not _env.read_report_dir()):
+        sys.stderr.flush()
+        # See `_ClientProcess.culprit_grace`.
+        links.wait_ended(culprits, min(hb.culprit_wait, CULPRIT_EXIT_GRACE))
     else:
       if links is not None:
         links.announce_departure(departure.code, departure.why, True)

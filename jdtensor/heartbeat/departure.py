@@ -393,6 +393,12 @@ class ExitGuard:
     self.exit_status: Any = None
     self.exit_called = False
     self.departure: Departure | None = None
+    # The main thread's uncaught exception when it is a collective's error
+    # about a peer that went away: its traceback is shown at exit only if it
+    # is not a consequence of a client the heartbeat names (then that
+    # verdict's one line says it all).
+    self._held_traceback: tuple[Any, Any, Any] | None = None
+    self._real_excepthook: Callable[..., Any] | None = None
     self._installed = False
     self._real_exit: Callable[..., Any] | None = None
     self._real_thread_hook: Callable[..., Any] | None = None
@@ -415,6 +421,8 @@ class ExitGuard:
     sys.exit = exit
     self._real_thread_hook = threading.excepthook
     threading.excepthook = self._thread_exception
+    self._real_excepthook = sys.excepthook
+    sys.excepthook = self._main_exception
     if self.exit_watch is not None:
       self.exit_watch.start()
     atexit.register(self.run)
@@ -433,6 +441,24 @@ class ExitGuard:
     register.__wrapped__ = real_register  # type: ignore[attr-defined]
     unregister.__wrapped__ = real_unregister  # type: ignore[attr-defined]
     atexit.register, atexit.unregister = register, unregister
+
+  def _main_exception(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    """``sys.excepthook``: holds back a peer-lost collective error's
+    traceback until the exit handler knows whether it is a consequence."""
+    if (self._blame_peer is not None and isinstance(exc, Exception)
+        and os.getpid() == self._pid and lost_a_peer(exc)):
+      self._held_traceback = (exc_type, exc, tb)
+      return
+    if self._real_excepthook is not None:
+      self._real_excepthook(exc_type, exc, tb)
+
+  def _show_held_traceback(self) -> None:
+    held, self._held_traceback = self._held_traceback, None
+    if held is not None and self._real_excepthook is not None:
+      try:
+        self._real_excepthook(*held)
+      except Exception:  # pylint: disable=broad-except
+        pass
 
   def _thread_exception(self, args: Any) -> None:
     if self.departure is not None or os.getpid() != self._pid:
@@ -485,6 +511,9 @@ class ExitGuard:
     try:
       if self.departure.failed and self._blame_peer is not None:
         self.departure = self._blame_peer(self.departure)
+      if not self.departure.consequence:
+        self._show_held_traceback()
+      self._held_traceback = None
       clean = self._on_leave(self.departure)
     finally:
       if not clean:

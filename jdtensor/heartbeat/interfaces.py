@@ -102,6 +102,11 @@ class Peers:
     """Client 0 waits up to `timeout` s for the other clients (but `ignore`)
     to end before it exits: its process hosts the coordination services."""
 
+  def wait_ended(self, clients: list[int], timeout: float) -> bool:
+    """Waits up to `timeout` s until the processes of the culprits `clients`
+    have ended; whether they all have."""
+    return True
+
 
 class ProcessHooks:
   """How the heartbeat reads and acts on its own process. The defaults are
@@ -111,6 +116,12 @@ class ProcessHooks:
   def terminate(self, code: int) -> None:
     """Ends the process at once (policy terminate)."""
     os._exit(code)  # pylint: disable=protected-access
+
+  def culprit_grace(self) -> float:
+    """Seconds a survivor waits for the culprits' processes to end before it
+    leaves (so that an engine that names the first process to fail names
+    the culprit); 0 where a jdtensor launcher names the root cause."""
+    return 0.0
 
   def tell_launcher(self, clients: list[int], why: str, leaving: bool) -> None:
     """Tells the launcher whom this client blames (``JDTENSOR_REPORT_DIR``),

@@ -77,6 +77,15 @@ _TICK = 1.0
 # other clients' processes to end before its own exit (their JAX clients
 # abort the moment the service is gone).
 HOST_EXIT_WAIT = 5.0
+# Seconds a survivor waits, where no jdtensor launcher names the root cause
+# (under mpirun, srun, by hand), for the culprits' processes to end before
+# it leaves: the engine names the first process to fail, and that must be
+# the culprit. A culprit that never ends (stopped) costs the run this much.
+CULPRIT_EXIT_GRACE = 5.0
+# The same wait where another client's report names the culprits: a dead
+# culprit's end is told right after the report, but the report may be of a
+# culprit that never ends (stuck, cut off), which must not hold the run.
+REPORTED_CULPRIT_WAIT = 0.5
 # Lists of clients in messages: longer ones are shown as runs ("3-4095").
 _LISTED = 8
 
@@ -163,6 +172,7 @@ class Heartbeat:
     self.recorder = recorder if recorder is not None else _Idle()
     peers = peers if peers is not None else Peers()
     self._announce, self._wait_peers_gone = peers.report, peers.wait_peers_gone
+    self._peers = peers
     process = process if process is not None else ProcessHooks()
     self._terminate, self._report = process.terminate, process.tell_launcher
     self._on_failure = process.on_failure
@@ -194,6 +204,9 @@ class Heartbeat:
     self._exchanged = 0  # Beats after the first this client has exchanged.
     self.beat_seconds = 0.0  # Total wall time spent inside beats.
     self.failure: PeerFailureError | None = None
+    # Seconds to wait for the failure's culprits to end before leaving (see
+    # `_fail`), where no jdtensor launcher names the root cause.
+    self.culprit_wait = 0.0
     self.closed_cleanly: bool | None = None  # Result of the teardown.
     self.exiting: str | None = None  # None, "finished" or "failed".
     self.departed: dict[int, float] = {}  # Clients that ended normally.
@@ -450,7 +463,7 @@ class Heartbeat:
                f"{'wait' if len(waiters) > 1 else 'waits'} in a collective",
                [staller], exit_code=(OWN_FAILURE_EXIT_CODE
                                      if staller == self.client_id else EXIT_CODE),
-               told=True)
+               told=True, culprit_wait=CULPRIT_EXIT_GRACE)  # It ends itself.
 
   def _out_of_sync(self, verdict: Verdict) -> None:
     """Names the clients whose slots lack the cluster's token (a restarted
@@ -567,7 +580,8 @@ class Heartbeat:
             "log": "carrying on (policy 'log')"}[self.policy]
 
   def _fail(self, core: str, ids: list[int], exit_code: int = EXIT_CODE,
-            public: str | None = None, told: bool = False) -> None:
+            public: str | None = None, told: bool = False,
+            culprit_wait: float = 0.0) -> None:
     """Records a failure (`core` says what happened) and applies the policy.
 
     A failure that names other clients is told to every client (and to the
@@ -575,6 +589,9 @@ class Heartbeat:
     (the others would read "this client" as themselves). One every client
     was `told` already (another client's report, a departure) is not told
     again: at N clients that would be N reports, each relayed to N clients.
+    `culprit_wait`: seconds to wait for the culprits' processes to end
+    before leaving, where no jdtensor launcher names the root cause (only
+    for culprits that end by themselves: gone, leaving, a staller).
     """
     with self._fail_lock:
       if self.failure is not None or self.exiting == "failed":
@@ -583,6 +600,7 @@ class Heartbeat:
       message = f"{core}; {self._consequence()}"
       error = PeerFailureError(message, tuple(ids))
       self.failure = error
+      self.culprit_wait = culprit_wait  # For a way out on another thread.
       # Decided with the failure, once: under "terminate" this thread says it
       # and ends the process, even if the main thread starts leaving (on
       # the collective error this failure causes) while it reports.
@@ -605,6 +623,12 @@ class Heartbeat:
       sys.stderr.write(message + "\n")
       sys.stderr.flush()
       self.said.set()
+      if culprits and exit_code == EXIT_CODE:
+        # Under an engine (mpirun, srun), the first process to fail is the
+        # one it names: the culprits' exits first, bounded.
+        grace = min(culprit_wait, self._process.culprit_grace())
+        if grace > 0:
+          self._peers.wait_ended(culprits, grace)
       if self.client_id == 0:  # Hosts the services: leave last.
         # Not for a culprit that may never end (stalled, stopped); but one
         # that announced its departure is on its way out: ending the services
@@ -639,7 +663,7 @@ class Heartbeat:
       return
     age = self._clock() - self._last_beat
     self._fail(f"heartbeat: client {client} missed beat {self._exchanged + 1} (last "
-               f"seen {age:.1f} s ago; {how})", [client])
+               f"seen {age:.1f} s ago; {how})", [client], culprit_wait=CULPRIT_EXIT_GRACE)
 
   def peer_reported(self, clients: list[int], why: str, reporter: int) -> None:
     """Another client found `clients` failed (relayed by the liveness links)."""
@@ -651,7 +675,8 @@ class Heartbeat:
       why = reported_by(why, reporter)
     self._fail(why, clients,
                exit_code=(OWN_FAILURE_EXIT_CODE if self.client_id in clients
-                          else EXIT_CODE), told=True)
+                          else EXIT_CODE), told=True,
+               culprit_wait=REPORTED_CULPRIT_WAIT)
 
   def peer_left(self, client: int, code: int, why: str, failure: bool) -> None:
     """A client announced it is leaving: with a failure, or finished."""
@@ -661,7 +686,8 @@ class Heartbeat:
       return
     if why.startswith("exited") and self.exiting is None:
       why += " while the others were still running"
-    self._fail(f"heartbeat: client {client} {why}", [client], told=True)
+    self._fail(f"heartbeat: client {client} {why}", [client], told=True,
+               culprit_wait=CULPRIT_EXIT_GRACE)  # On its way out.
 
   def peer_notice(self, client: int, text: str) -> None:
     """Logs what another client said that is not a verdict."""

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from jdtensor import _jaxlib_texts
 
-__all__ = ["Output", "segments", "is_gloo_noise", "without_gloo_pieces"]
+__all__ = ["Output", "ClientLog", "segments", "is_gloo_noise", "without_gloo_pieces"]
 
 _GLOO_FRAGMENT_SECONDS = 0.5
 _GLOO_NUMBER_SECONDS = 0.1
@@ -120,6 +120,33 @@ def segments(pipe: IO[bytes]) -> Any:
   pipe.close()
 
 
+class ClientLog:
+  """One client's log file (`jdtensor launch --log-dir`): its stdout and
+  stderr as it wrote them, in the order they came; safe from both pumps."""
+
+  def __init__(self, path: str, header: str):
+    self.path = path
+    self._lock = threading.Lock()
+    self._file: IO[str] | None = open(path, "a", encoding="utf-8", errors="replace")
+    self.write(header + "\n")
+
+  def write(self, text: str) -> None:
+    with self._lock:
+      if self._file is None:
+        return
+      try:
+        self._file.write(text)
+        self._file.flush()
+      except OSError:
+        self._file = None  # A full disk loses the log, never the run.
+
+  def close(self) -> None:
+    with self._lock:
+      if self._file is not None:
+        self._file.close()
+        self._file = None
+
+
 class Output:
   """Where every client's output goes: one lock for all, and whether the
   reader went away (`closed`)."""
@@ -130,8 +157,10 @@ class Output:
     self.last_output = 0.0  # Monotonic time of the last line written.
     self.closed = False  # Set when writing our output failed.
 
-  def pump(self, client: int, pipe: IO[bytes], sink: IO[str]) -> None:
-    """Copies one client's `pipe` to `sink`, each line tagged with the client."""
+  def pump(self, client: int, pipe: IO[bytes], sink: IO[str] | None,
+           log: ClientLog | None = None) -> None:
+    """Copies one client's `pipe` to `sink` (None: nowhere), each line
+    tagged with the client, and to `log` as it came."""
     prefix = f"[client {client}] "
     noise_until = 0.0  # Fragments of a gloo notice may follow it.
     # A repaired line (as it came, whether a notice came just before, its
@@ -161,6 +190,10 @@ class Output:
     try:
       for raw, end in segments(pipe):
         line = raw.decode(errors="replace")
+        if log is not None:
+          log.write(line + end)
+        if sink is None:
+          continue
         release(line)
         if is_gloo_noise(line):
           noise_until = time.monotonic() + _GLOO_FRAGMENT_SECONDS

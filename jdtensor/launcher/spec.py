@@ -60,6 +60,11 @@ class LaunchSpec:
       reach node 0 from).
     max_restarts: How many times the whole group is started again after a
       failure (new ports, new secret, ``JDTENSOR_RESTART_COUNT``).
+    log_dir: A folder for one log file per client (``client-<k>.log``: the
+      client's stdout and stderr as written, each attempt after a header
+      line); None keeps the output on the console only.
+    log_only: With `log_dir`, the clients' output goes to the files only
+      (the launcher's own lines stay on the console).
   """
   command: tuple[str, ...]
   num_clients: int | None = 2
@@ -75,6 +80,8 @@ class LaunchSpec:
   coordinator: str | None = None
   node_address: str | None = None
   max_restarts: int = 0
+  log_dir: str | None = None
+  log_only: bool = False
   gpu_assignment: tuple[tuple[str, ...], ...] | None = field(default=None, repr=False)
 
   def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ from jdtensor import _env, _status
 from jdtensor._report import (ClientEnd, Report, describe_exit, finished_clients,
                               root_cause, summary)
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
-from jdtensor.launcher.output import Output
+from jdtensor.launcher.output import ClientLog, Output
 from jdtensor.launcher.processes import (signal_groups, stop_process_groups,
                                          why_it_cannot_start, wrapped)
 from jdtensor.launcher.spec import (EXIT_TIMEOUT, Attempt, Failure, Interrupt,
@@ -82,6 +82,7 @@ class _Supervisor:
     self.on_failure = on_failure or (lambda failure: None)
     self.killed: list[int] = []  # Clients SIGKILLed after the grace.
     self.stopped: list[int] = []  # Clients the stop ended (see `summary`).
+    self.logs: dict[int, ClientLog] = {}  # By client id, with --log-dir.
 
   def start(self) -> None:
     # `jdtensor status` finds the run here (this user's, this machine's).
@@ -98,11 +99,25 @@ class _Supervisor:
           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
           start_new_session=True))
     for client, proc in zip(self.ids, self.procs):
+      log = None
+      if self.spec.log_dir is not None:
+        log = self.logs[client] = ClientLog(
+            self.log_path(client),
+            f"==== jdtensor launch: client {client}, attempt "
+            f"{self.attempt.restart_count + 1}, pid {proc.pid}, "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====")
+      console = not (self.spec.log_only and log is not None)
       for pipe, sink in ((proc.stdout, self.output.out), (proc.stderr, self.output.err)):
-        t = threading.Thread(target=self.output.pump, args=(client, pipe, sink),
+        t = threading.Thread(target=self.output.pump,
+                             args=(client, pipe, sink if console else None, log),
                              daemon=True)
         t.start()
         self.readers.append(t)
+
+  def log_path(self, client: int) -> str:
+    """Client `client`'s log file (with --log-dir)."""
+    assert self.spec.log_dir is not None
+    return os.path.join(self.spec.log_dir, f"client-{client}.log")
 
   def _signal_all(self, sig: int) -> None:
     signal_groups(self.procs, sig)
@@ -206,7 +221,10 @@ class _Supervisor:
                                     and self.ids[i] != failure.client
                                     and self.ids[i] not in stopped),
                                    key=lambda f: self.exit_times.get(f[0], 0.0))]
-        result.reason = self.summary(failure.what, stopped, also)
+        what = failure.what
+        if failure.client in self.logs:
+          what += f" (its log: {self.log_path(failure.client)})"
+        result.reason = self.summary(what, stopped, also)
         result.exit_code = exit_code
         break
       if all(c == 0 for c in codes):
@@ -336,6 +354,8 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
     waits = _status.wait_summary(_status.read_waits(sup.report_dir))
   finally:
     signals.current = None
+    for log in sup.logs.values():
+      log.close()
     _status.unregister_run(sup.registration)
     shutil.rmtree(sup.report_dir, ignore_errors=True)
   if result.reason and not quiet:

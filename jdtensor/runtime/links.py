@@ -146,7 +146,16 @@ class Links:
     self._closing = False
     self._said_bye: set[int] = set()
     self._reported: set[int] = set()  # Client 0: the clients reports named.
+    # Whose processes this client knows to have ended: client 0 sees every
+    # link close and tells the others of each culprit's (a client a report
+    # named, or one that left with a failure), once; a survivor leaving
+    # after it lets the engine that started the run see the culprit's exit
+    # first (`wait_ended`).
+    self._ended: set[int] = set()
+    self._culprits: set[int] = set()  # Client 0: named or left failing.
+    self._told_ended: set[int] = set()  # Client 0: "ended" sent for these.
     self._lock = threading.Lock()
+    self._ended_changed = threading.Condition(self._lock)
     self._handler: object | None = None
     self._thread: threading.Thread | None = None
     # One sender at a time on every connection: a message is never split by
@@ -221,6 +230,7 @@ class Links:
             except (OSError, ValueError, KeyError):
               pass
             self._drop(client)
+            self._mark_ended(client)
             if not self._closing and client not in self._said_bye:
               self._emit("peer_died", client,
                          "its process ended without saying goodbye"
@@ -258,6 +268,13 @@ class Links:
       if client == 0:
         self._emit("service_up")
       return
+    if "ended" in message:  # Client 0's own word; never relayed.
+      if client == 0:
+        try:
+          self._mark_ended(int(message["ended"]))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+          pass
+      return
     # The hub relays to everyone else; not a normal departure, which only
     # client 0 needs, nor a report naming only clients already reported
     # (when one client fails, N clients may each report it: relaying every
@@ -280,7 +297,13 @@ class Links:
   def _relayed(self, message: dict[str, object]) -> bool:
     """Client 0: whether `message` goes on to every other client."""
     if "left" in message:
-      return bool(message.get("failure"))
+      if message.get("failure"):
+        try:
+          self._mark_culprits([int(message["left"])])  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+          pass
+        return True
+      return False
     if "failed" in message:
       try:
         named = {int(c) for c in message["failed"]}  # type: ignore[union-attr]
@@ -289,8 +312,50 @@ class Links:
       with self._lock:
         new = not named <= self._reported
         self._reported |= named
+      self._mark_culprits(named)
       return new
     return True
+
+  def _mark_ended(self, client: int) -> None:
+    """`client`'s process has ended (its link closed here, or client 0 says
+    so); client 0 tells the others if it is a culprit."""
+    with self._lock:
+      self._ended.add(client)
+      self._ended_changed.notify_all()
+    if self.client_id == 0:
+      self._tell_ended()
+
+  def _mark_culprits(self, clients: Collection[int]) -> None:
+    """Client 0: `clients` were named (or left failing)."""
+    if self.client_id != 0:
+      return
+    with self._lock:
+      self._culprits.update(clients)
+    self._tell_ended()
+
+  def _tell_ended(self) -> None:
+    """Client 0: tells every other client, once each, of each culprit whose
+    process has ended (only culprits: every survivor's end, told to every
+    client, would cost N^2 messages)."""
+    with self._lock:
+      news = sorted((self._culprits & self._ended) - self._told_ended)
+      self._told_ended.update(news)
+    for client in news:
+      self._send({"ended": client})
+
+  def wait_ended(self, clients: Collection[int], timeout: float) -> bool:
+    """Waits up to `timeout` s until the processes of `clients` have ended,
+    as client 0 sees their links close; whether they all have. Client 0
+    tells only of culprits' ends (a client a report named, or one that left
+    with a failure)."""
+    deadline = time.monotonic() + timeout
+    with self._lock:
+      while not set(clients) <= self._ended:
+        left = deadline - time.monotonic()
+        if left <= 0:
+          return False
+        self._ended_changed.wait(left)
+      return True
 
   def _drop(self, client: int) -> None:
     with self._lock:
@@ -328,6 +393,7 @@ class Links:
     if self.client_id == 0:
       with self._lock:
         self._reported.update(int(c) for c in clients)
+      self._mark_culprits([int(c) for c in clients])
     self._send({"failed": [int(c) for c in clients], "why": why,
                 "by": self.client_id})
 

@@ -108,8 +108,7 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
     logging.warning(
         "jdtensor: the start-up handshake is not authenticated: %s is not set, "
         "so any process that can reach DTENSOR_JOBS[0] can join or disturb it. "
-        "`jdtensor launch` sets one per run; set the same one on every client.",
-        _env.JDTENSOR_RUN_SECRET)
+        "%s.", _env.JDTENSOR_RUN_SECRET, _env.run_secret_hint())
   files = open_files.ensure_open_files(env.num_clients, env.client_id)
   if files is not None and files.raised_from is not None:
     logging.info("jdtensor client %d: open-file limit (soft RLIMIT_NOFILE) raised "

@@ -144,3 +144,56 @@ def test_cli_usage_errors_and_no_jax_in_parent():
   assert res.stderr.splitlines()[-1] == (
       "jdtensor launch: cannot start '/nonexistent/cmd': no such file")
   assert "[client" not in res.stderr
+
+
+@pytest.mark.parametrize("log_only", [False, True], ids=["tee", "log-only"])
+def test_log_dir_writes_each_clients_output_to_its_own_file(tmp_path, log_only):
+  """`--log-dir`: each client's stdout and stderr as written, after a header
+  line an attempt (appended to across attempts), the console still tagged
+  unless `--log-only`; the summary names the root cause's file."""
+  code = ("import os, sys; me = os.environ['DTENSOR_CLIENT_ID']; print('out', me); "
+          "print('err', me, file=sys.stderr, flush=True); sys.exit(3 if me == '1' else 0)")
+  logs = tmp_path / "logs"
+  argv = ["launch", "-n", "2", "--timeout", "60", "--grace", "2", "--max-restarts", "1",
+          "--log-dir", str(logs)] + (["--log-only"] if log_only else []) + [
+              "--", sys.executable, "-c", code]
+  res = run_python(f"""
+      import sys
+      from jdtensor.cli import main
+      sys.exit(main({argv!r}))
+      """)
+  assert res.returncode == 3, res.stderr
+  assert sorted(os.listdir(logs)) == ["client-0.log", "client-1.log"]
+  for client in (0, 1):
+    lines = (logs / f"client-{client}.log").read_text().splitlines()
+    headers = [line for line in lines if line.startswith("==== ")]
+    assert [h.split(", pid")[0] for h in headers] == [
+        f"==== jdtensor launch: client {client}, attempt {a}" for a in (1, 2)], lines
+    assert sorted(set(lines) - set(headers)) == [f"err {client}", f"out {client}"], lines
+    assert lines.count(f"out {client}") == 2, lines
+  assert res.stderr.splitlines()[-1] == (
+      f"jdtensor launch: client 1 exited with code 3 (its log: {logs}/client-1.log); "
+      "stopped clients none"), res.stderr
+  tagged = "[client 1] err 1" in res.stderr and "[client 0] out 0" in res.stdout
+  assert tagged != log_only, (res.stdout, res.stderr)
+
+
+def test_log_dir_that_cannot_be_written_is_refused_before_any_client(tmp_path):
+  blocked = tmp_path / "file"
+  blocked.write_text("")
+  res = run_python(f"""
+      import sys
+      from jdtensor.cli import main
+      sys.exit(main(["launch", "-n", "2", "--log-dir", {str(blocked / 'logs')!r},
+                     "--", "true"]))
+      """)
+  assert res.returncode == 2
+  assert res.stderr.strip() == (
+      f"jdtensor launch: --log-dir {str(blocked / 'logs')!r}: cannot write there "
+      "(Not a directory); give a folder this user can create and write")
+  res = run_python("""
+      import sys
+      from jdtensor.cli import main
+      sys.exit(main(["launch", "-n", "2", "--log-only", "--", "true"]))
+      """)
+  assert res.returncode == 2 and "--log-only needs --log-dir DIR" in res.stderr

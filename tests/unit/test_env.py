@@ -290,3 +290,15 @@ def test_a_cluster_read_parses_dtensor_jobs_once(monkeypatch):
                                "DTENSOR_CLIENT_ID": "1", "DTENSOR_NUM_CLIENTS": "2"})
   assert (env.num_clients, env.client_id, env.job_name) == (2, 1, "worker")
   assert calls == ["localhost:1,localhost:2"]
+
+
+@pytest.mark.parametrize("environ,expected", [
+    ({"OMPI_COMM_WORLD_SIZE": "3"}, "mpirun -x JDTENSOR_RUN_SECRET"),
+    ({"SLURM_JOB_ID": "7"}, "srun passes the environment on: --export=ALL"),
+    ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "secretKeyRef"),
+    ({}, "`jdtensor launch` sets one per run"),
+])
+def test_the_run_secret_hint_names_the_engines_way(environ, expected):
+  """The unauthenticated-handshake warning says how to share the secret
+  under the engine the client runs under."""
+  assert expected in _env.run_secret_hint(environ)

@@ -456,3 +456,29 @@ def test_a_client_at_exit_waits_for_every_beat(star):
   while 1 not in out and time.monotonic() < deadline:
     time.sleep(0.01)
   assert out == {1: Outcome(1, TOKEN, end=True)}  # The waiting client's beat.
+
+
+def test_client_0_tells_every_client_when_a_culprit_has_ended(star):
+  """Where an engine names the first process to fail, the survivors wait for
+  the culprit's end: client 0 sees every link close and tells the others of
+  a culprit's, once (named before or after its end); a survivor's end is
+  told to nobody (N survivors' ends to N clients would be N^2 messages)."""
+  s = star(4)
+  heard = []
+
+  class Ear:
+    def peer_reported(self, clients, why, reporter):
+      heard.append(clients)
+  s.links[3].watch(Ear())
+  s.links[2]._sockets[0].close()  # pylint: disable=protected-access  # Client 2 dies...
+  assert not s.links[3].wait_ended([2], 0.3)  # ... not yet named.
+  s.links[1].report([2], "client 2 is gone")
+  assert s.links[3].wait_ended([2], 5) and s.links[1].wait_ended([2], 5)
+  s.links[1].report([2], "client 2 is gone")  # Named again: told once.
+  s.links[3]._sockets[0].close()  # pylint: disable=protected-access  # A survivor's end.
+  assert s.links[0].wait_ended([3], 5)  # Client 0 sees it...
+  assert not s.links[1].wait_ended([3], 0.3)  # ... and tells nobody.
+  sent = []
+  s.links[0]._send = lambda message, **kw: sent.append(message)  # pylint: disable=protected-access
+  s.links[0].report([1], "client 1 left")  # Named while alive: nothing yet.
+  assert sent == [{"failed": [1], "why": "client 1 left", "by": 0}]
