@@ -33,7 +33,7 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
+import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -104,23 +104,35 @@ def hub_round(n: int, ack_every: int, beats: int) -> tuple[float, float]:
       conn.settimeout(DEADLINE)
       sockets[int.from_bytes(conn.recv(4), "little")] = conn
     assert proc.stdout is not None and proc.stdin is not None
-    if proc.stdout.readline().strip() != "ready":
-      raise RuntimeError("the driver did not start")
+    ready = select.poll()
+    ready.register(proc.stdout, select.POLLIN)
+    if not ready.poll(DEADLINE * 1000) or proc.stdout.readline().strip() != "ready":
+      raise RuntimeError(f"the driver did not start within {DEADLINE:g} s")
     links = Links(0, sockets)
     exchange = LinkExchange(0, n, links, ack_every)
     exchange.open(Heartbeat(HeartbeatSettings(), 0, n).decider)
     links.watch(None)
     user, system = [], []
     total = 1 + ack_every * (beats + 1)  # The first beat, a warm-up round, rounds.
-    for b in range(total):
-      before = resource.getrusage(resource.RUSAGE_SELF)
-      proc.stdin.write("go\n")
-      proc.stdin.flush()
-      exchange.beat(Row(0, TOKEN, False, RUNNING, 37, 3, first=b == 0))
-      after = resource.getrusage(resource.RUSAGE_SELF)
-      if b > ack_every:
-        user.append(after.ru_utime - before.ru_utime)
-        system.append(after.ru_stime - before.ru_stime)
+
+    def run_beats() -> None:
+      for b in range(total):
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        exchange.beat(Row(0, TOKEN, False, RUNNING, 37, 3, first=b == 0))
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        if b > ack_every:
+          user.append(after.ru_utime - before.ru_utime)
+          system.append(after.ru_stime - before.ru_stime)
+    # On a thread, so that a beat that never completes (the driver gone) is
+    # bounded: the exchange's wait has no deadline of its own.
+    beater = threading.Thread(target=run_beats, daemon=True, name="hub-beats")
+    beater.start()
+    beater.join(DEADLINE)
+    if beater.is_alive() or len(user) != total - ack_every - 1:
+      raise RuntimeError(f"client 0's {total} beats did not complete within "
+                         f"{DEADLINE:g} s")
     proc.stdin.write("stop\n")
     proc.stdin.flush()
     proc.wait(timeout=DEADLINE)

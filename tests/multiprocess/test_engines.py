@@ -31,16 +31,20 @@ CLIENT = os.path.join(REPO, "benchmarks", "_gpu_check_client.py")
 SECRET = "engine-test-secret-0123456789"
 
 
-def mpirun(scen: str, detection: str = "ompi", n: int = 3, timeout: float = 90,
-           **env: str):
-  """`mpirun -np n` of the GPU check's client on CPU devices (SCEN: what
-  client 1 does at step 3); (return code, stdout + stderr)."""
+def client_variables(scen: str, detection: str) -> dict[str, str]:
+  """What every client of the GPU check's client on CPU devices is given
+  (SCEN: what client 1 does at step 3)."""
+  return {"JDTENSOR_CLUSTER_DETECTION": detection, "SCEN": scen, "BAD": "1",
+          "DEVICE": "CPU", "WAIT_ON": "CPU", "JDTENSOR_RUN_SECRET": SECRET,
+          "JDTENSOR_HEARTBEAT_PERIOD": "0.5", "JDTENSOR_STALL_TIMEOUT": "5"}
+
+
+def mpirun(scen: str, detection: str = "ompi", n: int = 3, timeout: float = 90):
+  """`mpirun -np n` of the GPU check's client; (return code, stdout +
+  stderr)."""
   if MPIRUN is None:
     pytest.skip("mpirun is not installed (apt-get install openmpi-bin)")
-  variables = {"JDTENSOR_CLUSTER_DETECTION": detection, "SCEN": scen, "BAD": "1",
-               "DEVICE": "CPU", "WAIT_ON": "CPU", "JDTENSOR_RUN_SECRET": SECRET,
-               "JDTENSOR_HEARTBEAT_PERIOD": "0.5", "JDTENSOR_STALL_TIMEOUT": "5",
-               **env}
+  variables = client_variables(scen, detection)
   command = [MPIRUN, "--oversubscribe", "-np", str(n)]
   if os.geteuid() == 0:
     command.append("--allow-run-as-root")
@@ -167,7 +171,8 @@ def slurm(tmp_path_factory):
                 "apt-get install slurm-wlm munge)")
   if os.geteuid() != 0:
     pytest.skip("starting slurmd needs root")
-  if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode != 0:
+  if subprocess.run(["pgrep", "-x", "munged"], capture_output=True,
+                    timeout=10).returncode != 0:
     os.makedirs("/run/munge", exist_ok=True)
     started = subprocess.run(["munged", "--force"], capture_output=True, text=True,
                              timeout=30)
@@ -207,11 +212,7 @@ def srun(conf: str, scen: str, detection: str = "slurm", n: int = 3,
          timeout: float = 90, batch: bool = False):
   """`srun -n n` of the GPU check's client (or `sbatch --wait` of a script
   that runs it so); (return code, srun's output, or the job's file)."""
-  variables = {"JDTENSOR_CLUSTER_DETECTION": detection, "SCEN": scen, "BAD": "1",
-               "DEVICE": "CPU", "WAIT_ON": "CPU", "JDTENSOR_RUN_SECRET": SECRET,
-               "JDTENSOR_HEARTBEAT_PERIOD": "0.5", "JDTENSOR_STALL_TIMEOUT": "5",
-               "SLURM_CONF": conf}
-  env = clean_env(**variables)
+  env = clean_env(**client_variables(scen, detection), SLURM_CONF=conf)
   step = ["srun", "-n", str(n), sys.executable, CLIENT]
   if batch:
     folder = os.path.dirname(conf)
