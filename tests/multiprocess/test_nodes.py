@@ -223,3 +223,16 @@ def test_the_demo_resumes_from_its_checkpoint_after_a_sigkill(tmp_path):
   assert len(resumed) == 1 and next(iter(resumed)) in (5, 6), text
   assert len(re.findall(r"\(resumed at step \d+\)$", text, re.M)) == 4, text
   assert len(re.findall(r"single-device loss\| = .*: OK$", text, re.M)) == 4, text
+
+  # The same command again on the same folder: every step is saved, so there
+  # is nothing left to train, and that is a success, not a crash to restart.
+  again = subprocess.run(
+      [sys.executable, "-m", "jdtensor", "demo", "--steps", "30", "--checkpoint",
+       str(checkpoint), "--max-restarts", "1", "--timeout", "120"], cwd=REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=150,
+      env=clean_env(**TEST_TIMEOUTS))
+  text = again.stdout
+  assert again.returncode == 0 and text.rstrip().endswith("OK"), text
+  assert len(re.findall(r"^\[client \d\] nothing left to train \(resumed at step "
+                        r"30\)$", text, re.M)) == 4, text
+  assert "restarting" not in text and "Traceback" not in text, text
