@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from jdtensor._ids import ids_text
 from jdtensor.errors import without_reported_by
 
 __all__ = ["Report", "ClientEnd", "RootCause", "root_cause", "summary", "describe_exit",
@@ -229,7 +230,7 @@ def root_cause(ends: Sequence[ClientEnd], reports: Mapping[int, Report],
     others = [r for r in named[client] if r != client]
     if others:
       why += (f" (named by client{'s' if len(others) > 1 else ''} "
-              f"{', '.join(map(str, others))})")
+              f"{ids_text(others)})")
     code = next((e.code for e in ends if e.client == client), None)
     return RootCause(client, why, False, now, _exit_code(code))
   end = min(failed, key=lambda e: (e.ended_at if e.ended_at is not None else now,
@@ -241,21 +242,24 @@ def root_cause(ends: Sequence[ClientEnd], reports: Mapping[int, Report],
 
 def summary(what: str, stopped: Sequence[int] | None = None, *, node: int | None = None,
             also: Sequence[str] = (), killed: Sequence[int] = (),
-            grace: float = 0.0) -> str:
+            grace: float = 0.0, cut_short: str | None = None) -> str:
   """Every summary line of the launcher, one node or several.
 
   ``jdtensor launch[ (node k)]: <what>; stopped clients 0, 2[ (clients 1
   ignored SIGTERM for 5 s: killed)][ (also: client 3 exited with code 75)]``.
   `stopped` None leaves the stop out (a restart's own line has it inside
-  `what`).
+  `what`). `cut_short`: why the grace was cut short (``SIGINT again``): the
+  clients still running then were killed at once. A long list of ids is
+  written as runs (``0, 2-299``).
   """
   head = "jdtensor launch" + (f" (node {node})" if node is not None else "")
   text = f"{head}: {what}"
   if stopped is not None:
-    text += f"; stopped clients {', '.join(map(str, stopped)) or 'none'}"
+    text += f"; stopped clients {ids_text(stopped) or 'none'}"
   if killed:
-    text += (f" (client{'s' if len(killed) > 1 else ''} "
-             f"{', '.join(map(str, killed))} ignored SIGTERM for {grace:g} s: killed)")
+    which = f"client{'s' if len(killed) > 1 else ''} {ids_text(killed)}"
+    text += (f" ({which} killed at once: {cut_short})" if cut_short else
+             f" ({which} ignored SIGTERM for {grace:g} s: killed)")
   if also:
     text += f" (also: {', '.join(also)})"
   return text

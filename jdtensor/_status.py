@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import tempfile
 import time
@@ -88,10 +89,12 @@ def _read_json(path: str) -> dict[str, Any] | None:
 
 def register_run(record: Mapping[str, Any]) -> str | None:
   """Registers a launcher's attempt (`record` has ``pid`` and ``report_dir``);
-  the file's path, or None where there is no safe directory."""
+  the file's path, or None where there is no safe directory. What launchers
+  that died without cleaning up (SIGKILL) left is removed first."""
   directory = runs_dir(create=True)
   if directory is None:
     return None
+  running_runs()
   path = os.path.join(directory, f"run-{record['pid']}.json")
   try:
     _write_json(path, record)
@@ -118,6 +121,23 @@ def _alive(pid: int) -> bool:
   return True
 
 
+def _remove_report_dir(path: Any) -> None:
+  """Removes a dead launcher's report folder: only one of ours, where the
+  launcher makes them (``<tmp>/jdtensor-launch-*``, this user's)."""
+  if not isinstance(path, str):
+    return
+  path = os.path.abspath(path)
+  if (os.path.dirname(path) != os.path.abspath(tempfile.gettempdir())
+      or not os.path.basename(path).startswith("jdtensor-launch-")):
+    return
+  try:
+    st = os.lstat(path)
+  except OSError:
+    return
+  if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def running_runs() -> list[dict[str, Any]]:
   """Every registered launch of this user that is still running, oldest
   first; the records of launchers that died are removed."""
@@ -133,7 +153,9 @@ def running_runs() -> list[dict[str, Any]]:
     if record is None or not isinstance(record.get("pid"), int):
       continue
     if not _alive(record["pid"]):
-      unregister_run(path)  # A launcher that was SIGKILLed left it.
+      # A launcher that was SIGKILLed left it, and its report folder.
+      _remove_report_dir(record.get("report_dir"))
+      unregister_run(path)
       continue
     runs.append(record)
   return sorted(runs, key=lambda r: r.get("started", 0))

@@ -164,7 +164,7 @@ def test_bad_env_errors_do_not_start_a_backend():
 LAYERS = [
     ("the floor", ["errors", "_env.names", "_env.parse", "_env.cluster_env",
                    "_env.runtime_env", "_env.heartbeat_env", "_env", "_logging",
-                   "_deadline", "device_spec", "_device_nodes", "_wire",
+                   "_deadline", "_ids", "device_spec", "_device_nodes", "_wire",
                    "_jaxlib_texts",
                    "_report", "_status", "cluster"]),
     ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),

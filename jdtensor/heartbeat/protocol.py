@@ -45,13 +45,13 @@ import numpy as np
 
 from jdtensor import _logging as logging
 from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
+from jdtensor._ids import LISTED as _LISTED, ids_text
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          IDLE_PERCENT, OUT_OF_SYNC, STALLED,
-                                         BeatLayout, Decider, Outcome, Row, Verdict,
-                                         to_ranges)
+                                         BeatLayout, Decider, Outcome, Row, Verdict)
 from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, PeerFailureError, reported_by,
                              without_reported_by)
 
@@ -86,8 +86,6 @@ CULPRIT_EXIT_GRACE = 5.0
 # culprit's end is told right after the report, but the report may be of a
 # culprit that never ends (stuck, cut off), which must not hold the run.
 REPORTED_CULPRIT_WAIT = 0.5
-# Lists of clients in messages: longer ones are shown as runs ("3-4095").
-_LISTED = 8
 
 
 def exit_grace_for(period: float) -> float:
@@ -123,12 +121,7 @@ class _Idle:
 def _names(clients: list[int]) -> str:
   """``client 3`` or ``clients 0, 2, 3``; a long list as runs (``clients
   0, 2-4095``), so that a message stays a line at any scale."""
-  if len(clients) <= _LISTED:
-    text = ", ".join(map(str, clients))
-  else:
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}"
-                     for a, b in to_ranges(clients))
-  return f"client{'s' if len(clients) > 1 else ''} {text}"
+  return f"client{'s' if len(clients) > 1 else ''} {ids_text(clients)}"
 
 
 def _first_line(error: BaseException) -> str:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from jdtensor._ids import to_ranges
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 
@@ -125,18 +126,6 @@ class Row:
     row[n + 1 + c] = self.phase_code
     row[2 * n + 1 + c], row[3 * n + 1 + c] = self.clamped
     return row
-
-
-def to_ranges(clients: Sequence[int]) -> list[list[int]]:
-  """Sorted client ids as ``[first, last]`` runs: a list of thousands of
-  consecutive clients is a few numbers on the wire."""
-  out: list[list[int]] = []
-  for c in sorted(int(c) for c in clients):
-    if out and c == out[-1][1] + 1:
-      out[-1][1] = c
-    elif not out or c > out[-1][1]:
-      out.append([c, c])
-  return out
 
 
 def from_ranges(ranges: Any, limit: int) -> list[int]:

@@ -39,6 +39,7 @@ from jdtensor._wire import format_host_port, handshake_proof, split_host_port
 from jdtensor.errors import ConfigError
 from jdtensor.launcher import supervisor
 from jdtensor.launcher.meeting import NodeError, join, serve
+from jdtensor.launcher.output import say
 from jdtensor.launcher.meeting import Channel
 from jdtensor.launcher.spec import (EXIT_TIMEOUT, Attempt, Failure, HeldPorts, LaunchResult,
                                     LaunchSpec)
@@ -372,8 +373,7 @@ def run(spec: LaunchSpec, out: IO[str], err: IO[str],
                          err, env, signals)
   except NodeError as e:
     text = f"jdtensor launch (node {spec.node_rank}): {e}"
-    err.write(text + "\n")
-    err.flush()
+    say(err, text)
     return LaunchResult(reason=text, exit_code=_EXIT_USAGE)
 
 
@@ -400,8 +400,7 @@ def _run_attempts(node: Any, spec: LaunchSpec, out: IO[str], err: IO[str],
       result.restarts = plan.restart_count
       decision = node.decide(result, signals)
       if decision.line:
-        err.write(decision.line + "\n")
-        err.flush()
+        say(err, decision.line)
       if decision.over:
         return result
       attempt += 1

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from jdtensor import _jaxlib_texts
 
-__all__ = ["Output", "ClientLog", "segments", "is_gloo_noise", "without_gloo_pieces"]
+__all__ = ["Output", "ClientLog", "say", "segments", "MAX_SEGMENT", "is_gloo_noise", "without_gloo_pieces"]
 
 _GLOO_FRAGMENT_SECONDS = 0.5
 _GLOO_NUMBER_SECONDS = 0.1
@@ -90,11 +90,30 @@ def without_gloo_pieces(line: str, in_notice: bool = False,
   return kept, "".join(texts)
 
 
-def segments(pipe: IO[bytes]) -> Any:
+# The longest piece of one line held for a client's stream: a longer line
+# is passed on in pieces this long, so that the launcher's memory and time
+# stay linear in the bytes, whatever the lines (a 100 MB line without a
+# newline is 1,600 pieces, not one 100 MB string).
+MAX_SEGMENT = 64 * 1024
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def _utf8_cut(buf: bytearray, start: int, end: int) -> int:
+  """`end`, moved back to the start of a UTF-8 character cut by it (a piece
+  of a long line decodes on its own)."""
+  cut = end
+  while cut > start + 1 and end - cut < 3 and buf[cut] & 0xC0 == 0x80:
+    cut -= 1
+  return cut if buf[cut] & 0xC0 != 0x80 else end
+
+
+def segments(pipe: IO[bytes], max_segment: int = MAX_SEGMENT) -> Any:
   """A client's output as it comes: (text, end) for each line ended by a
   newline, and for each progress update ended by a carriage return
-  (tqdm's ``\r``), which a terminal then draws over in place."""
-  buf, after_cr = b"", False
+  (tqdm's ``\r``), which a terminal then draws over in place; a line longer
+  than `max_segment` bytes comes in pieces, each but the last with end
+  ``""``. Linear in the bytes: each byte is scanned once."""
+  buf, after_cr = bytearray(), False
   while True:
     try:
       chunk = pipe.read1(65536)  # What has arrived, without waiting for more.
@@ -102,22 +121,40 @@ def segments(pipe: IO[bytes]) -> Any:
       chunk = b""
     if not chunk:
       break
+    scan = len(buf)  # Only the new bytes: what is held has no line end.
     buf += chunk
+    start = 0
     while True:
-      cut = min((i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0), default=-1)
-      if cut < 0:
+      found = _LINE_END.search(buf, scan)
+      if found is None:
         break
-      text, mark, buf = buf[:cut], buf[cut:cut + 1], buf[cut + 1:]
-      if mark == b"\r" and buf.startswith(b"\n"):
-        mark, buf = b"\n", buf[1:]  # CRLF: one line.
+      text, mark = bytes(buf[start:found.start()]), found.group()[-1:]
+      start = scan = found.end()
       if mark == b"\n" and not text and after_cr:
         after_cr = False  # The newline after a progress bar's last update.
         continue
       after_cr = mark == b"\r"
       yield text, mark.decode()
+    while len(buf) - start > max_segment:
+      cut = _utf8_cut(buf, start, start + max_segment)
+      yield bytes(buf[start:cut]), ""
+      start = cut
+      after_cr = False
+    del buf[:start]
   if buf:
-    yield buf, "\n"
+    yield bytes(buf), "\n"
   pipe.close()
+
+
+def say(stream: IO[str], text: str) -> None:
+  """Writes one line of the launcher's own; a reader that is gone (a closed
+  terminal after SIGHUP, a closed pipe) loses the line, and the launcher
+  still stops its clients and cleans up."""
+  try:
+    stream.write(text + "\n")
+    stream.flush()
+  except (OSError, ValueError):
+    pass
 
 
 class ClientLog:
@@ -160,7 +197,8 @@ class Output:
   def pump(self, client: int, pipe: IO[bytes], sink: IO[str] | None,
            log: ClientLog | None = None) -> None:
     """Copies one client's `pipe` to `sink` (None: nowhere), each line
-    tagged with the client, and to `log` as it came."""
+    tagged with the client (a line longer than `MAX_SEGMENT` bytes as
+    several), and to `log` as it came."""
     prefix = f"[client {client}] "
     noise_until = 0.0  # Fragments of a gloo notice may follow it.
     # A repaired line (as it came, whether a notice came just before, its
@@ -194,6 +232,7 @@ class Output:
           log.write(line + end)
         if sink is None:
           continue
+        end = end or "\n"  # A piece of a long line: a tagged line of its own.
         release(line)
         if is_gloo_noise(line):
           noise_until = time.monotonic() + _GLOO_FRAGMENT_SECONDS
@@ -235,7 +274,6 @@ class Output:
       self.last_output = time.monotonic()
 
   def line(self, text: str) -> None:
-    """Writes one line of the launcher's own to `err`."""
+    """Writes one line of the launcher's own to `err` (see `say`)."""
     with self.write_lock:
-      self.err.write(text + "\n")
-      self.err.flush()
+      say(self.err, text)

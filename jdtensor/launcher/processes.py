@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["wrapped", "signal_groups", "stop_process_groups", "why_it_cannot_start"]
 
@@ -115,7 +115,8 @@ def signal_groups(procs: Sequence[subprocess.Popen], sig: int) -> None:
 
 
 def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float,
-                        killed: list[int] | None = None) -> list[int]:
+                        killed: list[int] | None = None,
+                        cut_short: Callable[[], bool] | None = None) -> list[int]:
   """Stops processes that each lead a process group, and everything in them.
 
   SIGTERM to every group still running, up to `grace` seconds on one shared
@@ -127,6 +128,7 @@ def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float,
     grace: Seconds between SIGTERM and SIGKILL.
     killed: Receives the indices of the processes that outlived the grace
       (they ignored SIGTERM, or took longer) and were SIGKILLed.
+    cut_short: Polled during the grace: True ends it at once (SIGKILL now).
 
   Returns:
     The indices of the processes that were still running.
@@ -135,6 +137,8 @@ def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float,
   signal_groups(procs, signal.SIGTERM)
   deadline = time.monotonic() + grace
   while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+    if cut_short is not None and cut_short():
+      break
     time.sleep(_POLL_SECONDS)
   if killed is not None:
     killed.extend(i for i, p in enumerate(procs) if p.poll() is None)

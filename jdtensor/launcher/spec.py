@@ -288,11 +288,32 @@ def worker_env(spec: LaunchSpec, client: int, ports: Sequence[int],
 
 
 class Interrupt:
-  """A signal received by the launcher (SIGINT, SIGTERM): every client of
-  every attempt is stopped. `launch` sets it from its signal handlers."""
+  """The stop signals the launcher received (SIGINT, SIGTERM, SIGHUP,
+  SIGQUIT): the first stops every client of every attempt, with the grace;
+  a second one cuts the grace short. Set by `launch`'s signal handlers.
+
+  Attributes:
+    signal: The first stop signal, or None.
+    count: How many stop signals came.
+    suspend_refused: Ctrl-Z (SIGTSTP) came, and is not yet said to be
+      refused.
+  """
 
   def __init__(self) -> None:
     self.signal: int | None = None
+    self.count = 0
+    self.suspend_refused = False
+
+  def received(self, signum: int) -> None:
+    """Called by the signal handler (so: plain assignments only)."""
+    if self.signal is None:
+      self.signal = signum
+    self.count += 1
+
+  @property
+  def urgent(self) -> bool:
+    """A second stop signal came: the clients are killed at once."""
+    return self.count >= 2
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from jdtensor import _env, _status
+from jdtensor._ids import ids_text
 from jdtensor._report import (ClientEnd, Report, describe_exit, finished_clients,
                               root_cause, summary)
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
@@ -82,6 +83,7 @@ class _Supervisor:
     self.on_failure = on_failure or (lambda failure: None)
     self.killed: list[int] = []  # Clients SIGKILLed after the grace.
     self.stopped: list[int] = []  # Clients the stop ended (see `summary`).
+    self.cut_short: str | None = None  # Why the last stop's grace was cut short.
     self.logs: dict[int, ClientLog] = {}  # By client id, with --log-dir.
 
   def start(self) -> None:
@@ -130,15 +132,44 @@ class _Supervisor:
     # Read before the stop: a client that ends its script because of it (a
     # preemption save, then a normal end) was stopped.
     finished = finished_clients(self.report_dir)
-    running = stop_process_groups(self.procs, self.spec.grace, killed)
+    signals_before = self.interrupt.count
+    running = stop_process_groups(self.procs, self.spec.grace, killed,
+                                  cut_short=lambda: self._cut_short(signals_before))
     self.killed += [self.ids[i] for i in killed]
     return [self.ids[i] for i in running if self.ids[i] not in finished]
+
+  def _cut_short(self, signals_before: int) -> bool:
+    """Whether a stop signal came during the stop (a second Ctrl-C, or a
+    first one during a failure's stop): the grace ends, SIGKILL now."""
+    if self.interrupt.count <= signals_before:
+      return False
+    if self.cut_short is None:
+      assert self.interrupt.signal is not None
+      name = signal.Signals(self.interrupt.signal).name
+      self.cut_short = f"{name} again" if signals_before else name
+      self.output.line(f"jdtensor launch: received {self.cut_short}: killing the "
+                       "clients now (SIGKILL)")
+    return True
+
+  def _say_stopping(self, signum: int) -> None:
+    """The first stop signal's notice: what happens, how long it may take,
+    and how to cut it short."""
+    running = [self.ids[i] for i, p in enumerate(self.procs) if p.poll() is None]
+    if not running or self.interrupt.urgent:
+      return
+    name = signal.Signals(signum).name
+    again = "press Ctrl-C again" if signum == signal.SIGINT else f"send {name} again"
+    self.output.line(
+        f"jdtensor launch: received {name}: stopping client"
+        f"{'s' if len(running) > 1 else ''} {ids_text(running)} (SIGTERM, then "
+        f"SIGKILL after {self.spec.grace:g} s); {again} to kill them now")
 
   def summary(self, what: str, stopped: Sequence[int], also: Sequence[str] = ()) -> str:
     """The summary line of this attempt (`jdtensor._report.summary`); the
     stopped clients are remembered for the nodes' own summary."""
     self.stopped = list(stopped)
-    return summary(what, stopped, also=also, killed=self.killed, grace=self.spec.grace)
+    return summary(what, stopped, also=also, killed=self.killed, grace=self.spec.grace,
+                   cut_short=self.cut_short)
 
   def _poll(self) -> list[int | None]:
     codes = [p.poll() for p in self.procs]
@@ -199,7 +230,14 @@ class _Supervisor:
     while True:
       codes = self._poll()
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+      if self.interrupt.suspend_refused:
+        self.interrupt.suspend_refused = False
+        self.output.line(
+            "jdtensor launch: Ctrl-Z ignored: the clients run on (paused for "
+            "longer than the heartbeat's stuck time-out, they would count "
+            "themselves stuck); Ctrl-C stops the run")
       if self.interrupt.signal is not None:
+        self._say_stopping(self.interrupt.signal)
         stopped = self.stop_all()
         name = signal.Signals(self.interrupt.signal).name
         result.reason = self.summary(f"received {name}", stopped)
@@ -280,10 +318,17 @@ class _Supervisor:
       time.sleep(_POLL_SECONDS)
 
 
+# What a terminal, a dropped ssh session or a scheduler sends to stop a job;
+# each stops the run the same way (torchrun's set).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
 class Signals:
-  """The launcher's handlers for SIGINT/SIGTERM (stop every client) and
-  SIGUSR1 (forwarded: every client prints its stacks), installed from the
-  main thread only, and restored afterwards."""
+  """The launcher's handlers, installed from the main thread only, and
+  restored afterwards: `STOP_SIGNALS` stop every client (SIGTERM, the grace,
+  SIGKILL; a second one kills at once), SIGUSR1 is forwarded (every client
+  prints its stacks), and SIGTSTP (Ctrl-Z) is refused with a notice: the
+  launcher stays in charge of running clients."""
 
   def __init__(self, interrupt: Interrupt):
     self.interrupt = interrupt
@@ -293,14 +338,18 @@ class Signals:
   def __enter__(self) -> Signals:
     if threading.current_thread() is threading.main_thread():
       def on_signal(signum: int, _frame: object) -> None:
-        self.interrupt.signal = signum
+        self.interrupt.received(signum)
+
+      def on_tstp(signum: int, _frame: object) -> None:
+        self.interrupt.suspend_refused = True
 
       def on_usr1(signum: int, _frame: object) -> None:
         if self.current is not None:
           self.current.dump_stacks()
-      for sig in (signal.SIGINT, signal.SIGTERM):
+      for sig in STOP_SIGNALS:
         self._previous[sig] = signal.signal(sig, on_signal)
       self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, on_usr1)
+      self._previous[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, on_tstp)
     return self
 
   def __exit__(self, *exc: object) -> None:

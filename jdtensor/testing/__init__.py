@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from jdtensor import _env, launcher
+from jdtensor._ids import ids_text
 from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE, ConfigError
 from jdtensor.testing import _transport
@@ -366,7 +367,7 @@ _STAGES = {
 
 def _clients(ids: Sequence[int]) -> str:
   return (f"client {ids[0]}" if len(ids) == 1 else
-          "clients " + ", ".join(map(str, ids)))
+          "clients " + ids_text(ids))
 
 
 def _first_line(text: str) -> str:

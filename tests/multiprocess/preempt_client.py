@@ -2,7 +2,7 @@
 
 Every client checks `multihost_utils.reached_preemption_sync_point(step)`
 after each psum; at the agreed step it "saves" for SAVE_SECONDS, prints
-``SAVED step <n>`` and exits 0. With SELF_TERM, client BAD sends itself
+``SAVED step <n>`` and exits 0 (``RUNNING`` after the first two steps). With SELF_TERM, client BAD sends itself
 SIGTERM at step 5 (a pod eviction); otherwise the launcher's own stop does.
 """
 import os, sys, time, signal
@@ -21,6 +21,8 @@ for step in range(int(os.environ.get("STEPS", "400"))):
   if k == int(os.environ.get("BAD", "1")) and step == 5 and os.environ.get("SELF_TERM"):
     print(f"PREEMPTED {time.time():.3f}", flush=True); os.kill(os.getpid(), signal.SIGTERM)
   y = psum(x); float(np.asarray(y.addressable_data(0))[0, 0])
+  if step == 1:
+    print("RUNNING", flush=True)
   if multihost_utils.reached_preemption_sync_point(step):
     time.sleep(float(os.environ.get("SAVE_SECONDS", "1")))
     print(f"SAVED step {step}", flush=True)

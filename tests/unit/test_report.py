@@ -3,6 +3,7 @@ no process (jdtensor._report)."""
 
 import pytest
 
+from jdtensor._ids import ids_text
 from jdtensor._report import ClientEnd, Report, root_cause, summary
 
 ZDE = "ZeroDivisionError: division by zero (train.py:42 in step)"
@@ -112,3 +113,23 @@ def test_finished_clients_are_recorded_by_marker(tmp_path):
   (tmp_path / "client-x.finished").write_text("")
   assert finished_clients(str(tmp_path)) == {0, 3}
   assert finished_clients(str(tmp_path / "gone")) == set()
+
+
+@pytest.mark.parametrize("ids, text", [
+    ([], ""), ([3], "3"), ([0, 2, 3], "0, 2, 3"), (list(range(8)), "0, 1, 2, 3, 4, 5, 6, 7"),
+    (list(range(1, 300)), "1-299"), ([0, *range(2, 300)], "0, 2-299"),
+    ([*range(9), 11, 13], "0-8, 11, 13")])
+def test_id_lists_past_eight_are_runs(ids, text):
+  assert ids_text(ids) == text
+
+
+def test_a_summary_of_300_clients_stays_a_line_and_a_cut_grace_says_why():
+  assert summary("timed out after 60 s", list(range(1, 300))) == (
+      "jdtensor launch: timed out after 60 s; stopped clients 1-299")
+  assert summary("received SIGINT", [0, 1, 2], killed=[0, 2], grace=30,
+                 cut_short="SIGINT again") == (
+      "jdtensor launch: received SIGINT; stopped clients 0, 1, 2 (clients 0, 2 "
+      "killed at once: SIGINT again)")
+  assert summary("received SIGTERM", [1], killed=[1], grace=30) == (
+      "jdtensor launch: received SIGTERM; stopped clients 1 (client 1 ignored "
+      "SIGTERM for 30 s: killed)")

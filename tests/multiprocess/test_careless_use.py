@@ -1,0 +1,311 @@
+"""The launcher and start-up under careless use (issue #44): closed
+terminals and impatient Ctrl-C's, huge output, inherited environments,
+mixed address families. Each group is one parametrised test with deadlines,
+asserting exit codes, timing and the exact lines."""
+
+import glob
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.helpers import REPO, clean_env, pid_alive
+from jdtensor.launcher.processes import stop_process_groups
+
+pytestmark = pytest.mark.multiprocess
+
+PREEMPT_CLIENT = os.path.join(REPO, "tests", "multiprocess", "preempt_client.py")
+
+
+class LiveLauncher:
+  """`jdtensor launch` in its own session, its output read as it comes;
+  every wait has a deadline, and `close` leaves nothing running."""
+
+  def __init__(self, tmp_path, args, command, tty=False, **env):
+    self.tmp = tmp_path
+    self.env = clean_env(PYTHONPATH=REPO, TMPDIR=str(tmp_path),
+                         XDG_RUNTIME_DIR=str(tmp_path), **env)
+    argv = [sys.executable, "-m", "jdtensor", "launch", *args, "--", *command]
+    self.lines: list[str] = []
+    self._lock = threading.Lock()
+    self._hanging_up = threading.Event()
+    if tty:
+      # The launcher leads a session whose controlling terminal is a pty:
+      # closing its other end is an ssh session dropping (SIGHUP, and every
+      # later write fails).
+      self.master, slave = os.openpty()
+      self.proc = subprocess.Popen(["setsid", "--ctty", *argv], stdin=slave,
+                                   stdout=slave, stderr=slave, env=self.env, cwd=REPO)
+      os.close(slave)
+      streams = [self.master]
+    else:
+      self.master = None
+      self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env=self.env, cwd=REPO, start_new_session=True)
+      streams = [self.proc.stdout, self.proc.stderr]
+    self._threads = [threading.Thread(target=self._pump, args=(s,), daemon=True)
+                     for s in streams]
+    for t in self._threads:
+      t.start()
+
+  def _pump(self, stream):
+    buf = b""
+    poller = None
+    if isinstance(stream, int):  # The pty: polled, so that `hang_up` can close it.
+      poller = select.poll()
+      poller.register(stream, select.POLLIN)
+    while True:
+      if poller is not None:
+        if self._hanging_up.is_set():
+          break
+        if not poller.poll(50):
+          continue
+      try:
+        chunk = (os.read(stream, 65536) if poller is not None else stream.read1(65536))
+      except OSError:
+        chunk = b""
+      if not chunk:
+        break
+      buf += chunk
+      *done, buf = buf.split(b"\n")
+      with self._lock:
+        self.lines += [d.decode(errors="replace").rstrip("\r") for d in done]
+
+  def hang_up(self) -> None:
+    """Closes the terminal's other end: the kernel sends the launcher SIGHUP."""
+    self._hanging_up.set()
+    for t in self._threads:
+      t.join(timeout=5)
+    os.close(self.master)
+    self.master = None
+
+  def text(self) -> str:
+    with self._lock:
+      return "\n".join(self.lines)
+
+  def wait_for(self, predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      with self._lock:
+        if predicate(list(self.lines)):
+          return
+      if self.proc.poll() is not None:
+        break
+      time.sleep(0.02)
+    raise AssertionError(f"not seen within {timeout} s:\n{self.text()}")
+
+  def count(self, text: str) -> int:
+    with self._lock:
+      return sum(text in line for line in self.lines)
+
+  def wait(self, timeout: float) -> int:
+    try:
+      return self.proc.wait(timeout=timeout)
+    finally:
+      self.close()
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      stop_process_groups([self.proc], grace=3)
+    if self.master is not None:
+      try:
+        os.close(self.master)
+      except OSError:
+        pass
+      self.master = None
+    for t in self._threads:
+      t.join(timeout=5)
+
+  def left_behind(self) -> list[str]:
+    """The launcher's report folders and run registrations still there."""
+    return (glob.glob(os.path.join(self.tmp, "jdtensor-launch-*"))
+            + glob.glob(os.path.join(self.tmp, "jdtensor", "run-*")))
+
+  def client_pids(self) -> list[int]:
+    """Every process of this launch still running (its session's)."""
+    out = subprocess.run(["pgrep", "-f", PREEMPT_CLIENT], capture_output=True,
+                         text=True, timeout=10).stdout
+    return [int(p) for p in out.split()]
+
+
+def saved_steps(text):
+  import re
+  return {int(c): int(s) for c, s in re.findall(r"^\[client (\d)\] SAVED step (\d+)$",
+                                                 text, re.M)}
+
+
+STOPPING = ("jdtensor launch: received {name}: stopping clients 0, 1, 2 (SIGTERM, "
+            "then SIGKILL after 30 s); {again} to kill them now")
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT",
+                                 "a closed terminal"])
+def test_every_stop_signal_saves_summarises_and_leaves_nothing(tmp_path, how):
+  """A dropped ssh session, Ctrl-C, a scheduler's SIGTERM, SIGQUIT: the same
+  stop (every client saves the same step), the notice, the summary, and no
+  report folder or registration left behind."""
+  tty = how == "a closed terminal"
+  logs = ["--log-dir", str(tmp_path / "logs")] if tty else []
+  run = LiveLauncher(tmp_path, ["-n", "3", "--timeout", "100", *logs],
+                     [sys.executable, PREEMPT_CLIENT], tty=tty,
+                     SAVE_SECONDS="1", JDTENSOR_HEARTBEAT_PERIOD="0.5")
+  try:
+    run.wait_for(lambda lines: sum("RUNNING" in l for l in lines) == 3, 60)
+    name = "SIGHUP" if tty else how
+    start = time.monotonic()
+    if tty:
+      run.hang_up()
+    else:
+      run.proc.send_signal(getattr(signal, how))
+    code = run.wait(40)
+  finally:
+    run.close()
+  took = time.monotonic() - start
+  assert code == 128 + getattr(signal, name), run.text()
+  assert took < 10, (took, run.text())
+  assert not run.left_behind(), run.left_behind()
+  assert not run.client_pids()
+  if tty:  # Nobody reads the terminal any more: the clients' logs tell.
+    text = "\n".join(f"[client {k}] {line}" for k in range(3) for line in
+                     (tmp_path / "logs" / f"client-{k}.log").read_text().splitlines())
+  else:
+    text = run.text()
+  steps = saved_steps(text)
+  assert sorted(steps) == [0, 1, 2] and len(set(steps.values())) == 1, text
+  if tty:
+    return
+  again = "press Ctrl-C again" if how == "SIGINT" else f"send {how} again"
+  lines = text.splitlines()
+  assert STOPPING.format(name=how, again=again) in lines, text
+  assert lines[-1] == f"jdtensor launch: received {how}; stopped clients 0, 1, 2", text
+
+
+@pytest.mark.parametrize("second", ["SIGINT", "SIGTERM"])
+def test_a_second_stop_signal_kills_at_once(tmp_path, second):
+  """Clients whose save would take 20 s: the second signal ends the grace."""
+  run = LiveLauncher(tmp_path, ["-n", "3", "--timeout", "100"],
+                     [sys.executable, PREEMPT_CLIENT],
+                     SAVE_SECONDS="20", JDTENSOR_HEARTBEAT_PERIOD="0.5")
+  try:
+    run.wait_for(lambda lines: sum("RUNNING" in l for l in lines) == 3, 60)
+    run.proc.send_signal(signal.SIGINT)
+    run.wait_for(lambda lines: any("stopping clients" in l for l in lines), 10)
+    time.sleep(1)
+    start = time.monotonic()
+    run.proc.send_signal(getattr(signal, second))
+    code = run.wait(30)
+  finally:
+    run.close()
+  took = time.monotonic() - start
+  assert code == 128 + signal.SIGINT, run.text()
+  assert took < 3, (took, run.text())
+  lines = run.text().splitlines()
+  cut = "SIGINT again"
+  assert f"jdtensor launch: received {cut}: killing the clients now (SIGKILL)" in lines
+  assert lines[-1] == ("jdtensor launch: received SIGINT; stopped clients 0, 1, 2 "
+                       f"(clients 0, 1, 2 killed at once: {cut})"), lines
+  assert "SAVED" not in run.text()
+  assert not run.left_behind()
+
+
+def test_ctrl_z_is_refused_and_the_run_goes_on(tmp_path):
+  run = LiveLauncher(tmp_path, ["-n", "2", "--timeout", "100"],
+                     [sys.executable, PREEMPT_CLIENT], STEPS="100000",
+                     SAVE_SECONDS="0", JDTENSOR_HEARTBEAT_PERIOD="0.5")
+  try:
+    run.wait_for(lambda lines: sum("RUNNING" in l for l in lines) == 2, 60)
+    run.proc.send_signal(signal.SIGTSTP)
+    run.wait_for(lambda lines: any("Ctrl-Z" in l for l in lines), 10)
+    time.sleep(1)
+    with open(f"/proc/{run.proc.pid}/stat") as f:
+      assert f.read().split(")")[-1].split()[0] != "T"  # Not stopped.
+    run.proc.send_signal(signal.SIGTERM)
+    code = run.wait(30)
+  finally:
+    run.close()
+  assert code == 128 + signal.SIGTERM, run.text()
+  assert ("jdtensor launch: Ctrl-Z ignored: the clients run on (paused for longer "
+          "than the heartbeat's stuck time-out, they would count themselves stuck); "
+          "Ctrl-C stops the run") in run.text().splitlines()
+  assert len(saved_steps(run.text())) == 2, run.text()
+
+
+def test_what_a_sigkilled_launcher_left_is_removed_by_the_next_launch(tmp_path):
+  run = LiveLauncher(tmp_path, ["-n", "2", "--timeout", "100"],
+                     [sys.executable, PREEMPT_CLIENT], JDTENSOR_HEARTBEAT_PERIOD="0.5")
+  try:
+    run.wait_for(lambda lines: sum("RUNNING" in l for l in lines) == 2, 60)
+    run.proc.kill()
+    run.wait(10)
+  finally:
+    run.close()
+  deadline = time.monotonic() + 10
+  while run.client_pids() and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert not run.client_pids()
+  assert len(run.left_behind()) == 2, run.left_behind()  # Its folder, its record.
+  again = subprocess.run([sys.executable, "-m", "jdtensor", "launch", "-n", "1", "--",
+                          "true"], env=run.env, cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+  assert again.returncode == 0, again.stderr
+  assert not run.left_behind(), run.left_behind()
+
+
+# A client that writes `size` bytes to stdout: one line without a newline,
+# or lines of 99 bytes; and one UTF-8 character of 3 bytes at every 1,000th
+# byte, so that a piece's cut must fall between characters.
+WRITER = """
+import sys
+size, shape = int(sys.argv[1]), sys.argv[2]
+unit = ("x" * 97 + "\\u20ac") if shape == "one line" else ("x" * 98 + "\\n")
+text = (unit * (size // 100 + 1))[:size]
+sys.stdout.write(text); sys.stdout.flush()
+"""
+# The launcher in-process, saying how much memory it held at its peak
+# (VmHWM: ru_maxrss would count the forking pytest's pages, kept over exec).
+MEASURED_LAUNCHER = ("import re, sys; from jdtensor.cli import main; code = "
+                     "main(sys.argv[1:]); print('MAXRSS_KB', re.search(r'VmHWM:\\s*(\\d+)', "
+                     "open('/proc/self/status').read()).group(1), file=sys.stderr); "
+                     "sys.exit(code)")
+
+
+@pytest.mark.parametrize("size_mb, shape", [(1, "one line"), (32, "one line"),
+                                            (32, "short lines")])
+def test_output_handling_is_linear_and_bounded(tmp_path, size_mb, shape):
+  """Time and memory linear in the bytes, whatever the lines: a long line
+  is passed on in tagged pieces of at most 64 KiB, whole characters each,
+  and the client's log keeps it exactly as written."""
+  from jdtensor.launcher.output import MAX_SEGMENT
+  size = size_mb << 20
+  out_path = tmp_path / "out.txt"
+  start = time.monotonic()
+  with open(out_path, "w") as out:
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURED_LAUNCHER, "launch", "-n", "1", "--log-dir",
+         str(tmp_path / "logs"), "--", sys.executable, "-c", WRITER, str(size), shape],
+        stdout=out, stderr=subprocess.PIPE, text=True, timeout=120, cwd=REPO,
+        env=clean_env(PYTHONPATH=REPO, PYTHONIOENCODING="utf-8"))
+  took = time.monotonic() - start
+  assert proc.returncode == 0, proc.stderr
+  written = (("x" * 97 + "\u20ac") if shape == "one line" else ("x" * 98 + "\n"))
+  written = (written * (size // 100 + 1))[:size]
+  log = (tmp_path / "logs" / "client-0.log").read_text(encoding="utf-8")
+  assert log.split("\n", 1)[1].rstrip("\n") == written.rstrip("\n")
+  lines = out_path.read_text(encoding="utf-8").splitlines()
+  assert all(l.startswith("[client 0] ") for l in lines)
+  pieces = [l[len("[client 0] "):] for l in lines]
+  if shape == "one line":
+    assert "".join(pieces) == written
+    sizes = [len(p.encode()) for p in pieces]
+    assert max(sizes) <= MAX_SEGMENT and min(sizes[:-1], default=MAX_SEGMENT) >= MAX_SEGMENT - 3
+  else:
+    assert pieces == written.removesuffix("\n").split("\n")
+  assert took < 5 + size_mb * 0.5, took  # 32 MB in one line took 10 s quadratic.
+  max_rss_mb = int(proc.stderr.split("MAXRSS_KB ")[1].split()[0]) / 1024
+  assert max_rss_mb < 60, max_rss_mb  # About 22 MB: the launcher never holds the line.
