@@ -35,6 +35,7 @@ Mapping of TF concepts that JAX does not have:
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 from jdtensor import _device_nodes, _env, config, heartbeat, runtime
 from jdtensor import _logging as logging
 from jdtensor._deadline import Deadline
-from jdtensor.errors import AlreadyInitializedError, ConfigError
+from jdtensor.errors import (AlreadyInitializedError, ConfigError, StartupError,
+                             inherited_client_message)
 
 if TYPE_CHECKING:
   from jdtensor.tpu.topology import SimulatedTopology
@@ -239,6 +241,10 @@ def _plan(device_type: Any, num_logical_cpu_devices: Any,
   """Every argument and variable of `initialize_accelerator_system`, checked
   (DTensor's order and messages), as the runtime's `StartupPlan`."""
   if runtime.is_initialized():
+    marked = _env.read_client_process()
+    if marked is not None and marked[0] != os.getpid():
+      # A 'fork' child of an initialised client: a copy of its runtime.
+      raise StartupError(inherited_client_message(os.getpid(), marked[1], marked[0]))
     # DTensor-compatible message.
     raise AlreadyInitializedError(
         "Accelerator system has already been initialized. Call "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "PEER_FAILURE_EXIT_CODE",
+    "inherited_client_message",
     "JDTensorError",
     "ConfigError",
     "NotInitializedError",
@@ -96,3 +97,16 @@ def without_reported_by(why: str) -> str:
   if sep and tail.endswith(")") and tail[:-1].isdecimal():
     return head + end
   return why
+
+
+def inherited_client_message(pid: int, client: int, parent: int) -> str:
+  """Why process `pid`, a child of client `client`'s process `parent` with
+  its DTENSOR_*, cannot start: the same for a 'spawn' child (a fresh
+  process) and a 'fork' child (a copy of the initialised one)."""
+  return (f"this process (pid {pid}) inherited client {client}'s DTENSOR_* "
+          f"variables from process {parent}, which is client {client} of this "
+          "run already; a child process (a data-loader worker, a "
+          "multiprocessing 'spawn' or 'fork' child) cannot join as the same "
+          "client. Call initialize_accelerator_system only in the client's own "
+          "process (a worker needs no multi-client runtime), or remove "
+          "DTENSOR_* from the child's environment to run it on its own.")

@@ -16,7 +16,7 @@ __all__ = ["CUDA_VISIBLE_DEVICES", "DTENSOR_CLIENT_ID", "DTENSOR_ENABLE_HEARTBEA
            "JDTENSOR_K8S_JOB_NAME", "JDTENSOR_K8S_NUM_JOBS",
            "JDTENSOR_K8S_PODS_PER_JOB", "JDTENSOR_K8S_SUBDOMAIN", "JDTENSOR_LOCAL_CLIENT_ID",
            "JDTENSOR_LOCAL_NUM_CLIENTS", "JDTENSOR_REPORT_DIR",
-           "JDTENSOR_RESTART_COUNT", "JDTENSOR_RUN_SECRET", "JDTENSOR_SHARE_GPUS",
+           "JDTENSOR_RESTART_COUNT", "JDTENSOR_CLIENT_PROCESS", "JDTENSOR_RUN_SECRET", "JDTENSOR_SHARE_GPUS",
            "JDTENSOR_SHUTDOWN_TIMEOUT",
            "JDTENSOR_SIMULATED_TPU_TOPOLOGY", "JDTENSOR_STALL_KILL_ALL_WAITING",
            "JDTENSOR_STALL_TIMEOUT", "JDTENSOR_STRAGGLER_THRESHOLD",
@@ -71,6 +71,10 @@ JDTENSOR_K8S_JOB_NAME = "JDTENSOR_K8S_JOB_NAME"
 # Set by `jdtensor launch --max-restarts` for its clients: 0 on the first
 # attempt, then 1, 2, ...
 JDTENSOR_RESTART_COUNT = "JDTENSOR_RESTART_COUNT"
+# Set by jdtensor in an initialised client's own environment ("<pid>
+# <client id> <coordinator>"): a child process that inherits it with the
+# same DTENSOR_* is refused at once instead of fighting its parent.
+JDTENSOR_CLIENT_PROCESS = "JDTENSOR_CLIENT_PROCESS"
 # Set by `jdtensor launch` for its clients: this client's index on its node
 # (0..), and how many clients its node runs (torchrun's LOCAL_RANK and
 # LOCAL_WORLD_SIZE).

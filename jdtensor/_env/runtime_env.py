@@ -16,6 +16,7 @@ from jdtensor._env.names import (CUDA_VISIBLE_DEVICES, JAX_NUM_CPU_DEVICES, JAX_
                                  JDTENSOR_COORDINATOR_BIND_ADDRESS,
                                  JDTENSOR_HEARTBEAT_TIMEOUT, JDTENSOR_INIT_TIMEOUT,
                                  JDTENSOR_REPORT_DIR, JDTENSOR_RESTART_COUNT,
+                                 JDTENSOR_CLIENT_PROCESS,
                                  JDTENSOR_SHUTDOWN_TIMEOUT,
                                  JDTENSOR_SHARE_GPUS,
                                  JDTENSOR_SIMULATED_TPU_TOPOLOGY, XDG_RUNTIME_DIR,
@@ -205,6 +206,25 @@ def read_report_dir(environ: Mapping[str, str] | None = None) -> str | None:
 def read_user_runtime_dir(environ: Mapping[str, str] | None = None) -> str | None:
   """``XDG_RUNTIME_DIR`` (the user's private runtime directory), or None."""
   return environ_or_default(environ).get(XDG_RUNTIME_DIR) or None
+
+
+def read_client_process(environ: Mapping[str, str] | None = None
+                        ) -> tuple[int, int, str] | None:
+  """``JDTENSOR_CLIENT_PROCESS``: (pid, client id, coordinator) of the
+  initialised client whose environment this is (or was inherited from);
+  None when unset or not jdtensor's own format."""
+  raw = environ_or_default(environ).get(JDTENSOR_CLIENT_PROCESS, "").split(" ", 2)
+  if len(raw) != 3 or not (raw[0].isdigit() and raw[1].isdigit()):
+    return None
+  return int(raw[0]), int(raw[1]), raw[2]
+
+
+def mark_client_process(pid: int, client_id: int, coordinator: str,
+                        environ: MutableMapping[str, str]) -> None:
+  """Records in `environ` (an initialised client's own ``os.environ``) that
+  process `pid` is client `client_id`, for `read_client_process` in its
+  children."""
+  environ[JDTENSOR_CLIENT_PROCESS] = f"{pid} {client_id} {coordinator}"
 
 
 def read_restart_count(environ: Mapping[str, str] | None = None) -> int:

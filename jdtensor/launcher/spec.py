@@ -270,6 +270,7 @@ def worker_env(spec: LaunchSpec, client: int, ports: Sequence[int],
   env[_env.DTENSOR_JOB_NAME] = "worker"
   env[_env.DTENSOR_JOBS] = ",".join(attempt.jobs)
   env.pop(_env.JDTENSOR_RUN_SECRET, None)
+  env.pop(_env.JDTENSOR_CLIENT_PROCESS, None)  # A launch from inside a client.
   if attempt.secret is not None:
     env[_env.JDTENSOR_RUN_SECRET] = attempt.secret
   # Always set (0 on the first attempt), as torchrun's TORCHELASTIC_RESTART_COUNT.

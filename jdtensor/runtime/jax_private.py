@@ -109,6 +109,14 @@ def backends_initialized() -> bool:
   return bool(probe())
 
 
+def distributed_initialized() -> bool:
+  """Whether ``jax.distributed.initialize`` has run in this process (its
+  client or service exists). Never starts anything."""
+  state = _FOUND["distributed_state"]
+  return state is not None and (getattr(state, "client", None) is not None
+                                or getattr(state, "service", None) is not None)
+
+
 def coordination_client() -> Any | None:
   """The coordination-service client of ``jax.distributed``, or None."""
   _need({"distributed_state": _USER_RUNTIME["distributed_state"]},

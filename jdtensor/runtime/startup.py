@@ -12,11 +12,13 @@ import os
 import socket
 import sys
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Any, cast
 
 from jdtensor import _env, _wire
 from jdtensor import _logging as logging
-from jdtensor.errors import PEER_FAILURE_EXIT_CODE, StartupTimeoutError
+from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, StartupError, StartupTimeoutError,
+                             inherited_client_message)
 from jdtensor.runtime import open_files, rendezvous
 
 if TYPE_CHECKING:
@@ -25,12 +27,16 @@ if TYPE_CHECKING:
 __all__ = ["start_distributed", "backend_initialized"]
 
 
+def _jax_private() -> Any:
+  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
+  return jax_private
+
+
 def backend_initialized() -> bool:
   """Whether a JAX backend exists in this process. Never starts one."""
   if "jax" not in sys.modules:
     return False
-  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
-  return jax_private.backends_initialized()
+  return _jax_private().backends_initialized()
 
 
 def _job_host_on_this_machine(env: _env.ClusterEnv) -> str | None:
@@ -92,10 +98,31 @@ def _died_during_startup(client: int, how: str) -> None:
   os._exit(PEER_FAILURE_EXIT_CODE)  # The main thread is inside JAX's connect.
 
 
+def _refuse_a_second_runtime(env: _env.ClusterEnv) -> None:
+  """At once, before any wait: a process where ``jax.distributed`` is up
+  already, or a child that inherited an initialised client's DTENSOR_*,
+  would otherwise fail after the start-up time-out with a port "in use"."""
+  inherited = _env.read_client_process()
+  if (inherited is not None and inherited[0] != os.getpid()
+      and inherited[1:] == (env.client_id, env.coordinator_address or "")):
+    raise StartupError(inherited_client_message(os.getpid(), env.client_id,
+                                                inherited[0]))
+  if "jax" in sys.modules and _jax_private().distributed_initialized():
+    raise StartupError(
+        "jax.distributed is already initialized in this process "
+        "(jax.distributed.initialize ran before initialize_accelerator_system), "
+        "so jdtensor cannot start the multi-client runtime DTENSOR_* describes. "
+        "Call only one of them: initialize_accelerator_system() (it calls "
+        "jax.distributed.initialize with DTENSOR_*'s values; jax.process_index() "
+        "and multihost_utils work as before), or jax.distributed.initialize "
+        "without DTENSOR_* set.")
+
+
 def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
   """Rendezvous, then ``jax.distributed.initialize``, then cross-checks, all
   within the plan's one deadline; what it sets up goes into `rt.state`."""
   env, timeouts, deadline = plan.cluster, plan.timeouts, plan.deadline
+  _refuse_a_second_runtime(env)
   if backend_initialized():
     raise RuntimeError(
         "The JAX backend has already been started in this process, so it cannot "
@@ -164,6 +191,8 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
         f"JAX disagrees with DTENSOR_*: it says process {jax.process_index()} "
         f"of {jax.process_count()}, DTensor says client {env.client_id} of "
         f"{env.num_clients}.")
+  _env.mark_client_process(os.getpid(), env.client_id, env.coordinator_address or "",
+                           cast(MutableMapping[str, str], _env.process_environ()))
   platform = rt.platform_of(plan.device_type)
   try:
     devices = jax.devices(platform) if platform else []

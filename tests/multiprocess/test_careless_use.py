@@ -309,3 +309,44 @@ def test_output_handling_is_linear_and_bounded(tmp_path, size_mb, shape):
   assert took < 5 + size_mb * 0.5, took  # 32 MB in one line took 10 s quadratic.
   max_rss_mb = int(proc.stderr.split("MAXRSS_KB ")[1].split()[0]) / 1024
   assert max_rss_mb < 60, max_rss_mb  # About 22 MB: the launcher never holds the line.
+
+
+INHERITED_CLIENT = os.path.join(REPO, "tests", "multiprocess", "inherited_env_client.py")
+INHERITED = ("StartupError: this process (pid {pid}) inherited client {k}'s DTENSOR_* "
+             "variables from process {parent}, which is client {k} of this run already; "
+             "a child process (a data-loader worker, a multiprocessing 'spawn' or 'fork' "
+             "child) cannot join as the same client. Call initialize_accelerator_system "
+             "only in the client's own process (a worker needs no multi-client runtime), "
+             "or remove DTENSOR_* from the child's environment to run it on its own.")
+JAX_FIRST = ("StartupError: jax.distributed is already initialized in this process "
+             "(jax.distributed.initialize ran before initialize_accelerator_system), so "
+             "jdtensor cannot start the multi-client runtime DTENSOR_* describes. Call only "
+             "one of them: initialize_accelerator_system() (it calls "
+             "jax.distributed.initialize with DTENSOR_*'s values; jax.process_index() and "
+             "multihost_utils work as before), or jax.distributed.initialize without "
+             "DTENSOR_* set.")
+
+
+@pytest.mark.parametrize("mode", ["jax-first", "spawn", "fork"])
+def test_a_second_runtime_in_a_process_is_refused_at_once(mode):
+  """jax.distributed up already, or a worker that inherited a client's
+  DTENSOR_*: one clear error at once, not a port "in use" after 10 s."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--timeout", "90", "--grace",
+       "5", "--", sys.executable, INHERITED_CLIENT], capture_output=True, text=True,
+      timeout=120, cwd=REPO, env=clean_env(PYTHONPATH=REPO, MODE=mode))
+  import re
+  refused = re.findall(r"^\[client (\d)\] REFUSED ([\d.]+) (.*)$", proc.stdout, re.M)
+  assert len(refused) == 2, proc.stdout + proc.stderr
+  for client, seconds, error in refused:
+    assert float(seconds) < 1.0, refused
+    if mode == "jax-first":
+      assert error == JAX_FIRST
+    else:
+      pid, parent = re.search(r"pid (\d+)\) .* from process (\d+),", error).groups()
+      assert error == INHERITED.format(pid=pid, k=client, parent=parent)
+  if mode == "jax-first":
+    assert proc.returncode == 3, proc.stderr
+  else:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("CHILD exit 3") == 2, proc.stdout
