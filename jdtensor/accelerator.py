@@ -197,12 +197,19 @@ def _initialize(device_type: str | None = None,
   # A stuck time-out, period or coordination time-out left unset is derived
   # from those set, so that JAX's shortened heartbeat (its own test harness
   # passes 5 s) works with jdtensor's defaults.
-  settings, coordination_timeout = _env.read_heartbeat_and_coordination(
-      coordination=coordination_timeout)
-  plan = _plan(device_type, num_logical_cpu_devices, experimental_reset_context,
-               cluster, init_timeout, coordination_timeout, shutdown_timeout,
-               coordinator_bind_address, cluster_detection, settings.handshake())
-  device_type = runtime.initialize(plan, tpu_setup=lambda: _tpu_setup(plan, megacore))
+  try:
+    settings, coordination_timeout = _env.read_heartbeat_and_coordination(
+        coordination=coordination_timeout)
+    plan = _plan(device_type, num_logical_cpu_devices, experimental_reset_context,
+                 cluster, init_timeout, coordination_timeout, shutdown_timeout,
+                 coordinator_bind_address, cluster_detection, settings.handshake())
+    device_type = runtime.initialize(plan, tpu_setup=lambda: _tpu_setup(plan, megacore))
+  except AlreadyInitializedError:
+    raise  # The runtime is up: its exit guard reports what ends the process.
+  except Exception as error:
+    heartbeat.tell_launcher_start_failed(error)
+    raise
+  heartbeat.tell_launcher_start_failed(None)
   if runtime.state().multi_client:
     heartbeat.install_exit_guard(at_clean_end=_forget_jax_objects)
     if plan.cluster.heartbeat_enabled:

@@ -61,7 +61,8 @@ from typing import IO, Any
 from jdtensor import _env, runtime
 from jdtensor import _logging as logging
 from jdtensor.errors import NotInitializedError, PeerFailureError
-from jdtensor.heartbeat.departure import Departure, ExitGuard, SystemExitWatch
+from jdtensor.heartbeat.departure import (Departure, ExitGuard, SystemExitWatch,
+                                          describe_exception)
 from jdtensor.heartbeat.exchange import LinkExchange, ack_every_for
 from jdtensor.heartbeat.flight import MainThreadRecorder, format_stacks
 from jdtensor.heartbeat.interfaces import ProcessHooks
@@ -71,7 +72,7 @@ from jdtensor.heartbeat.protocol import (CULPRIT_EXIT_GRACE, EXIT_CODE,
                                          Heartbeat)
 
 __all__ = ["start", "start_with", "current", "Heartbeat", "LinkExchange", "leave",
-           "blame_peer", "install_exit_guard", "dump_stacks", "EXIT_CODE",
+           "blame_peer", "install_exit_guard", "dump_stacks", "tell_launcher_start_failed", "EXIT_CODE",
            "OWN_FAILURE_EXIT_CODE", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
            "ROLL_CALL_GRACE"]
 
@@ -99,6 +100,31 @@ def _tell_launcher(client_id: int, culprits: list[int], why: str,
            leaving).write(directory)
   except OSError:
     pass  # The launcher then falls back to exit codes and times.
+
+
+def tell_launcher_start_failed(error: BaseException | None) -> None:
+  """Under `jdtensor launch`: tells the launcher why this client's start-up
+  failed (`error`), so that its summary gives the reason, not only the exit
+  code; None (a start that succeeded) withdraws a report of an earlier try.
+
+  The start-up fails before the exit guard that reports later failures is
+  installed. The client id is the launcher's own ``DTENSOR_CLIENT_ID``; a
+  child process that inherited it is not that client and reports nothing.
+  """
+  directory = _env.read_report_dir()
+  raw = _env.process_environ().get(_env.DTENSOR_CLIENT_ID, "")
+  marked = _env.read_client_process()
+  if (not directory or not raw.isdecimal()
+      or (marked is not None and marked[0] != os.getpid())):
+    return
+  if error is None:
+    try:
+      os.remove(os.path.join(directory, f"client-{int(raw)}.json"))
+    except OSError:
+      pass  # None was written.
+    return
+  _tell_launcher(int(raw), [int(raw)], f"failed: {describe_exception(error)}",
+                 departure=True)
 
 
 class _ClientProcess(ProcessHooks):

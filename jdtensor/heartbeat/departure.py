@@ -86,10 +86,18 @@ class Departure(NamedTuple):
   join_wait: float | None = None
 
 
+# Characters of an exception's first line a departure shows: jdtensor's own
+# messages (what happened, the value, the fix) fit whole.
+EXCEPTION_SHOWN = 1000
+
+
 def describe_exception(error: BaseException) -> str:
   """``Type: first line of the message (file:line in function)``."""
   lines = str(error).strip().splitlines()
-  text = f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
+  first = lines[0] if lines else ""
+  if len(first) > EXCEPTION_SHOWN:  # Cut between words: it travels in one frame.
+    first = first[:EXCEPTION_SHOWN].rsplit(" ", 1)[0] + " ..."
+  text = f"{type(error).__name__}: {first}" if first else type(error).__name__
   tb = error.__traceback__
   while tb is not None and tb.tb_next is not None:
     tb = tb.tb_next

@@ -347,6 +347,54 @@ def test_a_second_runtime_in_a_process_is_refused_at_once(mode):
       assert error == INHERITED.format(pid=pid, k=client, parent=parent)
   if mode == "jax-first":
     assert proc.returncode == 3, proc.stderr
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"jdtensor launch: client \d exited with code 3: "
+                        + re.escape(JAX_FIRST) + r" \(startup\.py:\d+ in "
+                        r"_refuse_a_second_runtime\); stopped clients none "
+                        r"\(also: client \d exited with code 3\)", summary), summary
   else:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("CHILD exit 3") == 2, proc.stdout
+
+
+START_ONLY = "import jdtensor; jdtensor.initialize_accelerator_system('CPU'); print('STARTED')"
+TAKEN = ("StartupError: Client 0 cannot start the coordinator for "
+         "DTENSOR_JOBS[0]='localhost:{port}': 127.0.0.1:{port} is already in use by "
+         "another process; stop it, or choose a free port for DTENSOR_JOBS[0] "
+         "(`jdtensor launch` picks free ports). (host.py:{{line}} in _listen)")
+BAD_PERIOD = ("ConfigError: JDTENSOR_HEARTBEAT_PERIOD='abc' must be a number of "
+              "seconds from 0.01 to 3600. (heartbeat_env.py:{line} in _seconds)")
+
+
+@pytest.mark.parametrize("cause", ["taken port", "bad variable"])
+def test_a_start_up_failure_summary_gives_its_reason(cause):
+  """The summary of a run that failed to start says why, as one that failed
+  later does, not only "exited with code 1"."""
+  import re
+  import socket
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    args = ["--port", str(port)] if cause == "taken port" else []
+    env = {} if cause == "taken port" else {"JDTENSOR_HEARTBEAT_PERIOD": "abc"}
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--timeout", "60",
+         "--grace", "5", *args, "--", sys.executable, "-c", START_ONLY],
+        capture_output=True, text=True, timeout=90, cwd=REPO,
+        env=clean_env(PYTHONPATH=REPO, **env))
+    took = time.monotonic() - start
+  assert proc.returncode == 1, proc.stderr
+  assert took < 30, took
+  assert "STARTED" not in proc.stdout
+  summary = proc.stderr.strip().splitlines()[-1]
+  if cause == "taken port":
+    expected = (re.escape("jdtensor launch: client 0 exited with code 1: "
+                          + TAKEN.format(port=port)).replace(r"\{line\}", r"\d+")
+                + re.escape("; stopped clients 1"))
+  else:
+    expected = (r"jdtensor launch: client (\d) exited with code 1: "
+                + re.escape(BAD_PERIOD).replace(r"\{line\}", r"\d+")
+                + r"; stopped clients none \(also: client (?!\1)\d exited with code 1\)")
+  assert re.fullmatch(expected, summary), summary
