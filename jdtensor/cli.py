@@ -215,7 +215,11 @@ def _launch(args: argparse.Namespace) -> int:
   except (ConfigError, ValueError) as e:
     print(f"jdtensor launch: {e}", file=sys.stderr)
     return 2
-  code = launcher.launch(spec).exit_code
+  try:
+    code = launcher.launch(spec).exit_code
+  except ConfigError as e:  # Refused before any client started.
+    print(f"jdtensor launch: {e}", file=sys.stderr)
+    return 2
   try:
     sys.stdout.flush()
   except (BrokenPipeError, ValueError):

@@ -164,11 +164,11 @@ def test_bad_env_errors_do_not_start_a_backend():
 LAYERS = [
     ("the floor", ["errors", "_env.names", "_env.parse", "_env.cluster_env",
                    "_env.runtime_env", "_env.heartbeat_env", "_env", "_logging",
-                   "_deadline", "_ids", "device_spec", "_device_nodes", "_wire",
+                   "_deadline", "_ids", "_limits", "device_spec", "_device_nodes", "_wire",
                    "_jaxlib_texts",
                    "_report", "_status", "cluster"]),
     ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),
-    ("runtime leaves", ["runtime.links", "runtime.open_files", "runtime.handshake",
+    ("runtime leaves", ["runtime.links", "runtime.handshake",
                         "runtime.host",
                         "runtime.rendezvous", "runtime.jax_private",
                         "runtime.startup", "tpu.topology"]),

@@ -32,6 +32,7 @@ import sys
 from collections.abc import Mapping
 from typing import IO
 
+from jdtensor import _limits
 from jdtensor._report import describe_exit
 from jdtensor.launcher import nodes
 from jdtensor.launcher.output import is_gloo_noise
@@ -65,12 +66,18 @@ def launch(spec: LaunchSpec, out: IO[str] | None = None,
 
   Raises:
     ConfigError: If `spec.devices_per_client` conflicts with the CPU device
-      count `env` gives JAX (see `LaunchSpec.resolved`).
+      count `env` gives JAX (see `LaunchSpec.resolved`), or this machine
+      cannot start the clients (open files, processes, ports: see
+      `jdtensor._limits`); nothing was started.
   """
   out = out or sys.stdout
   err = err or sys.stderr
   base = os.environ if env is None else env
   spec = spec.resolved(base)
+  assert spec.num_clients is not None  # `resolved` counts a GPU node's clients.
+  _limits.ensure_launch_capacity(spec.num_clients, spec.num_clients * spec.nnodes,
+                                 runs_client_0=spec.node_rank == 0,
+                                 picks_ports=spec.port is None)
   with Signals(Interrupt()) as signals:
     if spec.nnodes == 1 and spec.max_restarts == 0:
       return run_attempt(spec, Attempt.local(spec), out, err, base, signals)

@@ -15,11 +15,11 @@ import threading
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 
-from jdtensor import _env, _wire
+from jdtensor import _env, _limits, _wire
 from jdtensor import _logging as logging
 from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, StartupError, StartupTimeoutError,
                              inherited_client_message)
-from jdtensor.runtime import open_files, rendezvous
+from jdtensor.runtime import rendezvous
 
 if TYPE_CHECKING:
   from jdtensor.runtime.state import Runtime, StartupPlan
@@ -136,7 +136,7 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
         "jdtensor: the start-up handshake is not authenticated: %s is not set, "
         "so any process that can reach DTENSOR_JOBS[0] can join or disturb it. "
         "%s.", _env.JDTENSOR_RUN_SECRET, _env.run_secret_hint())
-  files = open_files.ensure_open_files(env.num_clients, env.client_id)
+  files = _limits.ensure_open_files(env.num_clients, env.client_id)
   if files is not None and files.raised_from is not None:
     logging.info("jdtensor client %d: open-file limit (soft RLIMIT_NOFILE) raised "
                  "from %d to %d for %d clients", env.client_id, files.raised_from,
