@@ -82,6 +82,10 @@ def jobs_digest(jobs: Sequence[str]) -> str:
   return hashlib.sha256(",".join(jobs).encode()).hexdigest()
 
 
+# A client's `Hello.family`: '' when it does not matter or is not known.
+ADDRESS_FAMILIES = ("", "IPv4", "IPv6")
+
+
 class Hello(NamedTuple):
   """What each client tells client 0 (once both are authenticated).
 
@@ -94,6 +98,9 @@ class Hello(NamedTuple):
       period and policy, time-outs, ``DTENSOR_JOB_NAME``).
     gpus: The GPUs a GPU client will use (none for other device types):
       client 0 refuses two clients on one GPU.
+    family: ``IPv4`` or ``IPv6``: the address family of this client's
+      DTENSOR_JOBS host, where its CPU collectives (gloo) listen; '' when
+      gloo is not used or JAX picks the address. Client 0 refuses a mix.
   """
   client_id: int
   num_clients: int
@@ -102,13 +109,14 @@ class Hello(NamedTuple):
   heartbeat: bool = True
   settings: tuple[tuple[str, object], ...] = ()
   gpus: tuple[GpuIdentity, ...] = ()
+  family: str = ""
 
   def to_frame(self) -> dict[str, Any]:
     return {"jdtensor": PROTOCOL, "client_id": self.client_id,
             "num_clients": self.num_clients, "jobs": jobs_digest(self.jobs),
             "num_jobs": len(self.jobs), "local_devices": self.local_devices,
             "heartbeat": self.heartbeat, "settings": dict(self.settings),
-            "gpus": [list(g) for g in self.gpus[:MAX_GPUS]]}
+            "gpus": [list(g) for g in self.gpus[:MAX_GPUS]], "family": self.family}
 
 
 class PeerHello(NamedTuple):
@@ -121,6 +129,7 @@ class PeerHello(NamedTuple):
   heartbeat: bool
   settings: dict[str, object]
   gpus: tuple[GpuIdentity, ...] = ()
+  family: str = ""
 
   @classmethod
   def parse(cls, frame: dict[str, Any]) -> PeerHello:
@@ -149,10 +158,13 @@ class PeerHello(NamedTuple):
         isinstance(g, list) and len(g) == 2 and all(
             isinstance(t, str) and len(t) <= MAX_GPU_TEXT for t in g) for g in gpus)):
       raise ValueError("field 'gpus' is malformed")
+    family = frame.get("family", "")
+    if family not in ADDRESS_FAMILIES:
+      raise ValueError("field 'family' is not IPv4, IPv6 or empty")
     return cls(integer("client_id", 0, 10**9), integer("num_clients", 1, 10**9),
                jobs, integer("num_jobs", 0, 10**9),
                integer("local_devices", 0, 10**9), heartbeat, settings,
-               tuple(GpuIdentity(*g) for g in gpus))
+               tuple(GpuIdentity(*g) for g in gpus), family)
 
 
 def bind_address(coordinator: str, host: str | None, port: int | None

@@ -318,6 +318,15 @@ def _check(me: Hello, hello: PeerHello, peers: dict[int, _Conn],
         f"Client {c} has {hello.local_devices} local devices, which differs "
         "from client 0's; DTensor meshes need the same number on every client.")
     return detail, told
+  if me.family and hello.family and hello.family != me.family:
+    text = (f"Client {c}'s DTENSOR_JOBS[{c}]={me.jobs[c]!r} is an {hello.family} "
+            f"address but client 0's DTENSOR_JOBS[0]={me.jobs[0]!r} is "
+            f"{me.family}: JAX's CPU collectives (gloo) connect every client to "
+            f"every other at its DTENSOR_JOBS address and cannot connect "
+            f"{hello.family} to {me.family}. Give every DTENSOR_JOBS entry one "
+            "address family: IPv4 (127.0.0.1, or host names that resolve to IPv4 "
+            "first) or IPv6 ([::1], or names that resolve to IPv6 first).")
+    return text, text
   if not mine.get(JDTENSOR_SHARE_GPUS):
     shared = next(((gpu_users[gpu.key], gpu) for gpu in hello.gpus
                    if gpu.key in gpu_users), None)

@@ -39,8 +39,9 @@ def backend_initialized() -> bool:
   return _jax_private().backends_initialized()
 
 
-def _job_host_on_this_machine(env: _env.ClusterEnv) -> str | None:
-  """This client's own DTENSOR_JOBS host, if an address of this machine."""
+def _job_host_on_this_machine(env: _env.ClusterEnv) -> tuple[str, str] | None:
+  """This client's own DTENSOR_JOBS host, if an address of this machine,
+  with its family (``IPv4``/``IPv6``: the address gloo will listen on)."""
   entry = env.jobs[env.client_id]
   if entry.startswith("/bns/"):
     return None
@@ -52,7 +53,16 @@ def _job_host_on_this_machine(env: _env.ClusterEnv) -> str | None:
       probe.bind(sockaddr[:2] if family == socket.AF_INET else sockaddr)
   except OSError:
     return None
-  return host
+  return host, "IPv6" if family == socket.AF_INET6 else "IPv4"
+
+
+def _collectives_family(job_host: tuple[str, str] | None) -> str:
+  """`Hello.family`: the family gloo will listen on, '' when gloo is not used
+  (its one failure on mixed families comes at the first collective)."""
+  if job_host is None:
+    return ""
+  import jax  # pylint: disable=g-import-not-at-top
+  return job_host[1] if jax.config.jax_cpu_collectives_implementation == "gloo" else ""
 
 
 def _bind_collectives_to_job_address(host: str | None, client_id: int) -> None:
@@ -147,10 +157,12 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
               _env.JDTENSOR_COORDINATION_TIMEOUT: timeouts.coordination,
               _env.JDTENSOR_SHUTDOWN_TIMEOUT: timeouts.shutdown,
               _env.DTENSOR_JOB_NAME: env.job_name}
+  job_host = _job_host_on_this_machine(env)
   meeting = rendezvous.rendezvous(
       rendezvous.Hello(env.client_id, env.num_clients, env.jobs,
                         plan.local_devices, env.heartbeat_enabled,
-                        tuple(sorted(settings.items())), plan.gpus),
+                        tuple(sorted(settings.items())), plan.gpus,
+                        _collectives_family(job_host)),
       coordinator, bind, deadline, plan.secret)
   rt.state.links = meeting.links
   shared = _env.fit_shared_gpu_memory(meeting.gpu_sharers)
@@ -184,7 +196,7 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
       heartbeat_timeout_seconds=math.ceil(timeouts.coordination),
       shutdown_timeout_seconds=math.ceil(timeouts.shutdown),
       coordinator_bind_address=_wire.format_host_port(host, port))
-  rt.state.gloo_host = _job_host_on_this_machine(env)
+  rt.state.gloo_host = None if job_host is None else job_host[0]
   _bind_collectives_to_job_address(rt.state.gloo_host, env.client_id)
   if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:
     raise RuntimeError(

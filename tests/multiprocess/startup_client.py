@@ -232,6 +232,16 @@ def scenario_jax_harness_timeouts():
   result("psum", float(jax.jit(jnp.sum)(x)))
 
 
+def scenario_one_collective():
+  import numpy as np
+  from jax.experimental import multihost_utils
+
+  import jdtensor
+  jdtensor.initialize_accelerator_system("CPU")
+  result("gathered", multihost_utils.process_allgather(
+      np.array([jdtensor.client_id()])).ravel().tolist())
+
+
 def scenario_init_only():
   import jdtensor
   jdtensor.initialize_accelerator_system("CPU")

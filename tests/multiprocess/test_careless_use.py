@@ -398,3 +398,61 @@ def test_a_start_up_failure_summary_gives_its_reason(cause):
                 + re.escape(BAD_PERIOD).replace(r"\{line\}", r"\d+")
                 + r"; stopped clients none \(also: client (?!\1)\d exited with code 1\)")
   assert re.fullmatch(expected, summary), summary
+
+
+def _family_of(host):
+  import socket
+  family = socket.getaddrinfo(host.strip("[]"), 0, type=socket.SOCK_STREAM)[0][0]
+  return "IPv6" if family == socket.AF_INET6 else "IPv4"
+
+
+def _free_port_on(host):
+  import socket
+  family = socket.AF_INET6 if _family_of(host) == "IPv6" else socket.AF_INET
+  with socket.socket(family, socket.SOCK_STREAM) as s:
+    s.bind((host.strip("[]"), 0))
+    return s.getsockname()[1]
+
+
+def _ipv6_loopback():
+  import socket
+  try:
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+      s.bind(("::1", 0))
+    return True
+  except OSError:
+    return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.parametrize("hosts", [("[::1]", "[::1]"), ("localhost", "127.0.0.1"),
+                                   ("[::1]", "localhost"), ("127.0.0.1", "[::1]")])
+def test_mixed_address_families_are_refused_at_start_up(hosts):
+  """gloo cannot connect IPv4 to IPv6: a mix in DTENSOR_JOBS failed at the
+  first collective (`ss1.ss_family == ss2.ss_family. 10 vs 2`); one family
+  works, a mix is refused by client 0 at the handshake, on every client."""
+  from tests.helpers import cluster_env, finish, start_clients
+  jobs = [f"{h}:{_free_port_on(h)}" for h in hosts]
+  start = time.monotonic()
+  results = finish(start_clients("one_collective", [cluster_env(jobs, k) for k in range(2)]),
+                   timeout=60)
+  took = time.monotonic() - start
+  families = [_family_of(h) for h in hosts]
+  if families[0] == families[1]:
+    for k, res in enumerate(results):
+      assert res.returncode == 0, res.stderr
+      assert "RESULT gathered=[0, 1]" in res.stdout, res.stdout
+    return
+  expected = (f"StartupError: Client 1's DTENSOR_JOBS[1]={jobs[1]!r} is an {families[1]} "
+              f"address but client 0's DTENSOR_JOBS[0]={jobs[0]!r} is {families[0]}: "
+              "JAX's CPU collectives (gloo) connect every client to every other at its "
+              f"DTENSOR_JOBS address and cannot connect {families[1]} to {families[0]}. "
+              "Give every DTENSOR_JOBS entry one address family: IPv4 (127.0.0.1, or "
+              "host names that resolve to IPv4 first) or IPv6 ([::1], or names that "
+              "resolve to IPv6 first).")
+  assert took < 20, took  # Not the first collective's failure, nor a time-out.
+  last = [res.stderr.strip().splitlines()[-1] for res in results]
+  assert [res.returncode for res in results] == [1, 1], last
+  assert last[0] == "jdtensor.errors." + expected, last
+  assert last[1] == ("jdtensor.errors.StartupError: Client 1: start-up refused by client 0: "
+                     + expected.removeprefix("StartupError: ")), last

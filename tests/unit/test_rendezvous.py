@@ -535,3 +535,16 @@ def test_a_client_that_leaves_before_go_may_come_back(short_stages, caplog):
             in caplog.text), caplog.text
   finally:
     close(out)
+
+
+@pytest.mark.parametrize("family", ["", "IPv4", "IPv6"])
+def test_the_hello_carries_its_address_family_and_a_wrong_one_is_named(family):
+  from jdtensor.runtime.handshake import PeerHello
+  sent = hello(("a:1", "b:2"), 1)._replace(family=family).to_frame()
+  assert PeerHello.parse(sent).family == family
+  frame_without = {k: v for k, v in sent.items() if k != "family"}
+  assert PeerHello.parse(frame_without).family == ""  # The field is optional.
+  for bad in ("ipv4", "AF_INET", 4, None):
+    with pytest.raises(ValueError) as e:
+      PeerHello.parse({**sent, "family": bad})
+    assert str(e.value) == "field 'family' is not IPv4, IPv6 or empty"
