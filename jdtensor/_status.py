@@ -200,11 +200,13 @@ def read_statuses(report_dir: str) -> dict[int, dict[str, Any]]:
 
 
 def write_waits(report_dir: str, client: int, shares: Sequence[float],
-                seconds: float) -> None:
+                seconds: float, period: float) -> None:
   """A client's record, at its normal end, of how long the others waited for
-  each client over the run (every client holds the same one)."""
+  each client over the run (every client holds the same one), counted a beat
+  of `period` seconds at a time."""
   _write_json(os.path.join(report_dir, f"waits-{client}.json"),
-              {"client": client, "shares": list(shares), "seconds": seconds})
+              {"client": client, "shares": list(shares), "seconds": seconds,
+               "period": period})
 
 
 def read_waits(report_dir: str) -> dict[str, Any] | None:
@@ -221,17 +223,24 @@ def read_waits(report_dir: str) -> dict[str, Any] | None:
   return None
 
 
+# Beats a run's waiting must span before its shares mean anything: one beat
+# that finds a client late (a short run, a first step) is 100% of nothing.
+MEANINGFUL_BEATS = 10
+
+
 def wait_summary(record: Mapping[str, Any] | None, uneven: float = 10.0) -> str | None:
-  """The launcher's end-of-run line on waiting, when it was uneven: some
-  client was waited for at least `uneven` percent of the run."""
+  """The launcher's end-of-run line on waiting, when it was uneven (some
+  client was waited for at least `uneven` percent of the run) over a run of
+  at least `MEANINGFUL_BEATS` beats."""
   if not record:
     return None
   try:
     shares = [float(s) for s in record["shares"]]
     seconds = float(record["seconds"])
+    period = float(record["period"])
   except (KeyError, TypeError, ValueError):
     return None
-  if len(shares) < 2 or max(shares) < uneven:
+  if len(shares) < 2 or max(shares) < uneven or seconds < MEANINGFUL_BEATS * period:
     return None
   order = sorted(range(len(shares)), key=lambda c: -shares[c])
   parts = [f"client {c} {shares[c]:.0f}%" for c in order]

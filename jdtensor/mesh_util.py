@@ -427,5 +427,5 @@ def _wait_at_barrier(barrier_id: str, timeout_ms: int) -> None:
       raise BarrierTimeoutError(
           f"Barrier {barrier_id!r} timed out after {timeout_ms} ms: not every "
           "client arrived. A client that is slow, stuck, or has exited never "
-          "reaches it; check the other clients' output.") from None
-    raise RuntimeError(f"Barrier {barrier_id!r} failed: {e}") from None
+          "reaches it; check the other clients' output.") from e
+    raise RuntimeError(f"Barrier {barrier_id!r} failed: {e}") from e

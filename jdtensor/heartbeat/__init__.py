@@ -157,11 +157,11 @@ class _ClientProcess(ProcessHooks):
     except OSError:
       pass  # The launcher is gone, or its directory with it.
 
-  def publish_waits(self, shares: list[float], seconds: float) -> None:
+  def publish_waits(self, shares: list[float], seconds: float, period: float) -> None:
     if self.report_dir:
       from jdtensor import _status  # pylint: disable=g-import-not-at-top
       try:
-        _status.write_waits(self.report_dir, self.client_id, shares, seconds)
+        _status.write_waits(self.report_dir, self.client_id, shares, seconds, period)
       except OSError:
         pass
 

@@ -138,9 +138,10 @@ class ProcessHooks:
   def publish_status(self, record: dict[str, Any]) -> None:
     """Publishes this client's status (`Heartbeat.status`)."""
 
-  def publish_waits(self, shares: list[float], seconds: float) -> None:
+  def publish_waits(self, shares: list[float], seconds: float, period: float) -> None:
     """At the agreed end: how long the others waited for each client over
-    the run (percent of `seconds`), for the launcher's summary."""
+    the run (percent of `seconds`, counted a beat of `period` s at a time),
+    for the launcher's summary."""
 
   def cpu_seconds(self) -> float:
     """This process's CPU time (the busy share of each beat)."""

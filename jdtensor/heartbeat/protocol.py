@@ -357,7 +357,7 @@ class Heartbeat:
         logging.info("Exiting the heartbeat thread normally")
         if self.decider.view is not None:  # The ledger was kept here.
           self._process.publish_waits(self.decider.waits.run_shares(),
-                                      self.decider.run_seconds())
+                                      self.decider.run_seconds(), self.settings.period)
         break
       if verdict is not None:
         self._act_on(verdict, outcome.beat)
@@ -496,7 +496,10 @@ class Heartbeat:
     self._fail(f"heartbeat: {_names(late)} did not join the collective the others "
                f"waited in within JAX's {waited:.0f} s communicator set-up time "
                f"(not configurable); {they} still in set-up, before {'their' if len(late) > 1 else 'its'} "
-               "first collective", late)
+               "first collective. If a set-up is slow by design (loading data, "
+               "compiling on one client), end it with a barrier "
+               "(jdtensor.barrier, multihost_utils.sync_global_devices) so that "
+               "every client enters the first collective together", late)
 
   # -- the watchdog -------------------------------------------------------------
 

@@ -137,6 +137,8 @@ def test_barrier_timeout_raises_instead_of_hanging():
       "client that is slow, stuck, or has exited never reaches it; check the "
       "other clients' output.")
   assert 1.4 <= time.monotonic() - start < 10
+  # JAX's own error stays the cause (its type, its message, its traceback).
+  assert e.value.__cause__ is not None and "DEADLINE_EXCEEDED" in str(e.value.__cause__)
 
 
 @pytest.mark.parametrize("form", ["{port}", "{port:06d}"],

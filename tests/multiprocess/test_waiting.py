@@ -96,7 +96,10 @@ def test_a_slow_first_collective_is_not_killed_and_the_late_client_is_named(devi
   assert res.reason.startswith(
       "jdtensor launch: client 3 exited with code 70: client 3 did not join the "
       "collective the others waited in within JAX's 30 s communicator set-up time "
-      "(not configurable); it was still in set-up, before its first collective"), res.reason
+      "(not configurable); it was still in set-up, before its first collective. If a "
+      "set-up is slow by design (loading data, compiling on one client), end it with "
+      "a barrier (jdtensor.barrier, multihost_utils.sync_global_devices) so that "
+      "every client enters the first collective together"), res.reason
   each_names_once(err, r"heartbeat: client 3 did not join the collective")
 
 

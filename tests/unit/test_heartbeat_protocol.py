@@ -431,7 +431,10 @@ def test_a_collective_that_gave_up_on_a_late_client_names_it():
   assert str(hb.failure) == (
       "heartbeat: client 3 did not join the collective the others waited in within "
       "JAX's 30 s communicator set-up time (not configurable); it was still in "
-      "set-up, before its first collective; carrying on (policy 'log')")
+      "set-up, before its first collective. If a set-up is slow by design (loading "
+      "data, compiling on one client), end it with a barrier (jdtensor.barrier, "
+      "multihost_utils.sync_global_devices) so that every client enters the first "
+      "collective together; carrying on (policy 'log')")
   assert hb.failure.client_ids == (3,)
 
 

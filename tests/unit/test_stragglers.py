@@ -100,7 +100,7 @@ class StatusHooks(Hooks):
   def publish_status(self, record):
     self.statuses.append(record)
 
-  def publish_waits(self, shares, seconds):
+  def publish_waits(self, shares, seconds, period):
     self.waits.append((shares, seconds))
 
 
@@ -222,22 +222,34 @@ def test_clients_on_other_nodes_come_from_the_merged_beat():
   assert "no client has answered yet" in _status.format_status(RUN, {}, now=1072.0)
 
 
-def test_the_launchers_line_on_uneven_waiting():
-  assert _status.wait_summary({"shares": [1.0, 0.5, 2.0, 41.2], "seconds": 300.4}) == (
-      "jdtensor launch: the clients waited in collectives unevenly over the run "
-      "(300 s): share of the run the others waited for each: client 3 41%, client 2 "
-      "2%, client 0 1%, client 1 0%")
-  assert _status.wait_summary({"shares": [3.0, 2.0, 9.9], "seconds": 10}) is None
-  assert _status.wait_summary(None) is None
-  assert _status.wait_summary({"shares": "bad"}) is None
+@pytest.mark.parametrize("shares,seconds,period,said", [
+    ([1.0, 0.5, 2.0, 41.2], 300.4, 2.0, "jdtensor launch: the clients waited in "
+     "collectives unevenly over the run (300 s): share of the run the others waited "
+     "for each: client 3 41%, client 2 2%, client 0 1%, client 1 0%"),
+    ([3.0, 2.0, 9.9], 10, 0.5, None),  # Even enough.
+    ([0.0, 0.0, 0.0, 50.0], 0.0, 2.0, None),  # `jdtensor demo`: one beat.
+    ([0.0, 50.0], 19.9, 2.0, None),  # Fewer than 10 beats.
+    ([0.0, 50.0], 20.0, 2.0, "jdtensor launch: the clients waited in collectives "
+     "unevenly over the run (20 s): share of the run the others waited for each: "
+     "client 1 50%, client 0 0%"),
+])
+def test_the_launchers_line_on_uneven_waiting(shares, seconds, period, said):
+  record = {"shares": shares, "seconds": seconds, "period": period}
+  assert _status.wait_summary(record) == said
+
+
+@pytest.mark.parametrize("record", [None, {"shares": "bad"},
+                                    {"shares": [0.0, 50.0], "seconds": 99.0}])
+def test_no_line_on_waiting_from_a_record_that_is_not_whole(record):
+  assert _status.wait_summary(record) is None
 
 
 def test_the_launcher_reads_the_lowest_clients_record_of_the_run(tmp_path):
-  _status.write_waits(str(tmp_path), 10, [1.0, 2.0], 5.0)
-  _status.write_waits(str(tmp_path), 2, [3.0, 4.0], 6.0)
+  _status.write_waits(str(tmp_path), 10, [1.0, 2.0], 5.0, 0.5)
+  _status.write_waits(str(tmp_path), 2, [3.0, 4.0], 6.0, 0.5)
   (tmp_path / "waits-x.json").write_text("{}")  # Not a client's: ignored.
   assert _status.read_waits(str(tmp_path)) == {"client": 2, "shares": [3.0, 4.0],
-                                               "seconds": 6.0}
+                                               "seconds": 6.0, "period": 0.5}
   assert _status.read_waits(str(tmp_path / "gone")) is None
 
 
