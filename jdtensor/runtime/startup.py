@@ -12,19 +12,69 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Mapping, MutableMapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from jdtensor import _env, _limits, _wire
 from jdtensor import _logging as logging
+from jdtensor._deadline import Deadline
 from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, StartupError, StartupTimeoutError,
                              inherited_client_message)
 from jdtensor.runtime import rendezvous
+from jdtensor.runtime.links import Links
 
 if TYPE_CHECKING:
-  from jdtensor.runtime.state import Runtime, StartupPlan
+  from jdtensor._device_nodes import GpuIdentity
+  from jdtensor.tpu.topology import SimulatedTopology
 
-__all__ = ["start_distributed", "backend_initialized"]
+__all__ = ["StartupPlan", "Started", "start_distributed", "backend_initialized"]
+
+
+class StartupPlan(NamedTuple):
+  """What `initialize` starts, resolved and checked by the caller
+  (`jdtensor.accelerator`) from its arguments and the environment.
+
+  Attributes:
+    device_type: CPU, GPU or TPU.
+    cluster: The cluster to join (one client: local mode).
+    timeouts: The time-outs in force.
+    deadline: The whole start-up's deadline (``timeouts.init``), shared by
+      the handshake, the coordination service and JAX's registration.
+    cpu_devices: CPU devices to configure; None keeps JAX's.
+    reset_requested: ``experimental_reset_context`` (single client).
+    local_devices: This client's device count, compared at the handshake.
+    bind: Where client 0's coordinator listens (host, port), or Nones for
+      the default.
+    secret: The run secret; None runs the handshake unauthenticated.
+    agreed: Settings every client must share, by variable name.
+    simulated_tpu: The simulated TPU slice (TPU on CPU devices), if any.
+    gpus: The GPUs a GPU client will use (compared at the handshake).
+  """
+  device_type: str
+  cluster: _env.ClusterEnv
+  timeouts: _env.Timeouts
+  deadline: Deadline
+  cpu_devices: int | None = None
+  reset_requested: bool = False
+  local_devices: int = 1
+  bind: tuple[str | None, int | None] = (None, None)
+  secret: str | None = None
+  agreed: Mapping[str, object] = MappingProxyType({})
+  simulated_tpu: SimulatedTopology | None = None
+  gpus: tuple[GpuIdentity, ...] = ()
+
+
+class Started(NamedTuple):
+  """What `start_distributed` set up, for the runtime to record.
+
+  Attributes:
+    links: The liveness links (the handshake's connections, kept open).
+    gloo_host: This client's DTENSOR_JOBS host, where its CPU collectives
+      listen, when it is an address of this machine; else None.
+  """
+  links: Links
+  gloo_host: str | None
 
 
 def _jax_private() -> Any:
@@ -128,9 +178,21 @@ def _refuse_a_second_runtime(env: _env.ClusterEnv) -> None:
         "without DTENSOR_* set.")
 
 
-def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
+def start_distributed(plan: StartupPlan, *, before_jax: Callable[[], None],
+                      platform: str | None) -> Started:
   """Rendezvous, then ``jax.distributed.initialize``, then cross-checks, all
-  within the plan's one deadline; what it sets up goes into `rt.state`."""
+  within the plan's one deadline.
+
+  Args:
+    plan: What to start.
+    before_jax: Run once the clients have met, before JAX's initialisation
+      (the runtime applies the CPU device count there).
+    platform: The JAX platform of `plan.device_type`, whose device counts
+      every client must share (None: not checked).
+
+  Returns:
+    What it set up, for the runtime (the one owner of its state) to record.
+  """
   env, timeouts, deadline = plan.cluster, plan.timeouts, plan.deadline
   _refuse_a_second_runtime(env)
   if backend_initialized():
@@ -164,20 +226,20 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
                         tuple(sorted(settings.items())), plan.gpus,
                         _collectives_family(job_host)),
       coordinator, bind, deadline, plan.secret)
-  rt.state.links = meeting.links
+  links = meeting.links
   shared = _env.fit_shared_gpu_memory(meeting.gpu_sharers)
   if shared:
     logging.info("jdtensor client %d: %s", env.client_id, shared)
-  atexit.register(rt.state.links.goodbye)
+  atexit.register(links.goodbye)
   # Until initialisation ends, a client that dies leaves the others in JAX's
   # C++ connect (which aborts at its time-out) or in the TPU core-id merge:
   # stop cleanly. `initialize` hands the links on when it is done.
   watch = _StartupWatch()
-  rt.state.links.watch(watch)
-  rt.apply_cpu_device_count(plan.cpu_devices, False)
+  links.watch(watch)
+  before_jax()
   import jax  # pylint: disable=g-import-not-at-top
   if env.client_id == 0:
-    rendezvous.announce_service(coordinator, deadline, rt.state.links)
+    rendezvous.announce_service(coordinator, deadline, links)
   else:
     rendezvous.wait_for_service_notice(watch.service_listening, coordinator,
                                        deadline, env.client_id)
@@ -196,8 +258,8 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
       heartbeat_timeout_seconds=math.ceil(timeouts.coordination),
       shutdown_timeout_seconds=math.ceil(timeouts.shutdown),
       coordinator_bind_address=_wire.format_host_port(host, port))
-  rt.state.gloo_host = None if job_host is None else job_host[0]
-  _bind_collectives_to_job_address(rt.state.gloo_host, env.client_id)
+  gloo_host = None if job_host is None else job_host[0]
+  _bind_collectives_to_job_address(gloo_host, env.client_id)
   if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:
     raise RuntimeError(
         f"JAX disagrees with DTENSOR_*: it says process {jax.process_index()} "
@@ -205,7 +267,6 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
         f"{env.num_clients}.")
   _env.mark_client_process(os.getpid(), env.client_id, env.coordinator_address or "",
                            cast(MutableMapping[str, str], _env.process_environ()))
-  platform = rt.platform_of(plan.device_type)
   try:
     devices = jax.devices(platform) if platform else []
   except RuntimeError:
@@ -218,3 +279,4 @@ def start_distributed(rt: Runtime, plan: StartupPlan) -> None:
         f"Clients have different numbers of {plan.device_type} devices: "
         + ", ".join(f"client {c}: {n}" for c, n in sorted(counts.items()))
         + ". DTensor meshes need the same number on every client.")
+  return Started(links, gloo_host)

@@ -10,21 +10,18 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from jdtensor import _env
 from jdtensor import _logging as logging
-from jdtensor._deadline import Deadline
 from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import AlreadyInitializedError, NotInitializedError
 from jdtensor.runtime import startup
-from jdtensor.runtime.startup import backend_initialized
+from jdtensor.runtime.startup import StartupPlan, backend_initialized
 from jdtensor.runtime.links import Links
 
 if TYPE_CHECKING:  # The TPU modules load only on a TPU (or simulated TPU) run.
-  from jdtensor._device_nodes import GpuIdentity
   from jdtensor.tpu.topology import SimulatedTopology, Topology
 
 __all__ = ["Runtime", "RuntimeState", "StartupPlan", "PLATFORMS",
@@ -86,40 +83,6 @@ def _group(devices: list[Any], device_type: str) -> dict[tuple[str, int], list[A
   for d in sorted(devices, key=lambda d: (d.process_index, d.id)):
     table.setdefault((device_type, d.process_index), []).append(d)
   return table
-
-
-class StartupPlan(NamedTuple):
-  """What `initialize` starts, resolved and checked by the caller
-  (`jdtensor.accelerator`) from its arguments and the environment.
-
-  Attributes:
-    device_type: CPU, GPU or TPU.
-    cluster: The cluster to join (one client: local mode).
-    timeouts: The time-outs in force.
-    deadline: The whole start-up's deadline (``timeouts.init``), shared by
-      the handshake, the coordination service and JAX's registration.
-    cpu_devices: CPU devices to configure; None keeps JAX's.
-    reset_requested: ``experimental_reset_context`` (single client).
-    local_devices: This client's device count, compared at the handshake.
-    bind: Where client 0's coordinator listens (host, port), or Nones for
-      the default.
-    secret: The run secret; None runs the handshake unauthenticated.
-    agreed: Settings every client must share, by variable name.
-    simulated_tpu: The simulated TPU slice (TPU on CPU devices), if any.
-    gpus: The GPUs a GPU client will use (compared at the handshake).
-  """
-  device_type: str
-  cluster: _env.ClusterEnv
-  timeouts: _env.Timeouts
-  deadline: Deadline
-  cpu_devices: int | None = None
-  reset_requested: bool = False
-  local_devices: int = 1
-  bind: tuple[str | None, int | None] = (None, None)
-  secret: str | None = None
-  agreed: Mapping[str, object] = MappingProxyType({})
-  simulated_tpu: SimulatedTopology | None = None
-  gpus: tuple[GpuIdentity, ...] = ()
 
 
 class Runtime:
@@ -253,7 +216,10 @@ class Runtime:
       env, device_type = plan.cluster, plan.device_type
       multi_client = env.num_clients > 1
       if multi_client:
-        startup.start_distributed(self, plan)
+        started = startup.start_distributed(
+            plan, platform=self.platform_of(device_type),
+            before_jax=lambda: self.apply_cpu_device_count(plan.cpu_devices, False))
+        self.state.links, self.state.gloo_host = started.links, started.gloo_host
       else:
         self.apply_cpu_device_count(plan.cpu_devices, plan.reset_requested)
       if not self.client_devices(device_type, process_index()):
