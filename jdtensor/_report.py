@@ -23,14 +23,10 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from jdtensor._ids import ids_text
-from jdtensor.errors import without_reported_by
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE, without_reported_by
 
 __all__ = ["Report", "ClientEnd", "RootCause", "root_cause", "summary", "describe_exit",
-           "mark_finished", "finished_clients", "CONSEQUENCE_EXIT_CODE"]
-
-# A client the heartbeat stopped because of another (jdtensor.errors'
-# PEER_FAILURE_EXIT_CODE, EX_TEMPFAIL): a consequence, never a root cause.
-CONSEQUENCE_EXIT_CODE = 75
+           "mark_finished", "finished_clients"]
 
 
 def mark_finished(directory: str, client: int) -> None:
@@ -207,7 +203,7 @@ def root_cause(ends: Sequence[ClientEnd], reports: Mapping[int, Report],
     if report is not None and report.departure and report.at is not None:
       return report.at
     return end.ended_at if end.ended_at is not None else now
-  own = sorted((e for e in failed if e.code != CONSEQUENCE_EXIT_CODE),
+  own = sorted((e for e in failed if e.code != PEER_FAILURE_EXIT_CODE),
                key=lambda e: (failed_at(e), e.client))
   if own:
     end = own[0]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 __all__ = [
     "PEER_FAILURE_EXIT_CODE",
+    "OWN_FAILURE_EXIT_CODE",
+    "LAUNCH_TIMEOUT_EXIT_CODE",
     "inherited_client_message",
     "JDTensorError",
     "ConfigError",
@@ -22,10 +24,15 @@ __all__ = [
 ]
 
 
-# Exit code of a client the heartbeat stopped because another client failed
-# (EX_TEMPFAIL: restarting the job may help). The launcher uses it to tell
-# root causes from their consequences.
+# Every exit code jdtensor chooses. A client the heartbeat stopped because
+# another client failed: EX_TEMPFAIL (restarting the job may help), a
+# consequence, never a root cause (the launcher tells them apart by it).
 PEER_FAILURE_EXIT_CODE = 75
+# A client the heartbeat found to be the cause itself (it stalled, was
+# frozen, never joined the collective the others waited in): EX_SOFTWARE.
+OWN_FAILURE_EXIT_CODE = 70
+# `jdtensor launch --timeout` expired (timeout(1)'s code).
+LAUNCH_TIMEOUT_EXIT_CODE = 124
 
 
 class JDTensorError(Exception):

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
-from jdtensor.launcher import stop_process_groups
+from jdtensor.launcher.processes import stop_process_groups
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from jdtensor.launcher import stop_process_groups
+from jdtensor.launcher.processes import stop_process_groups
 from tests.helpers import REPO, clean_env
 
 DOCS = pathlib.Path(REPO) / "docs"

@@ -60,21 +60,19 @@ from typing import IO, Any
 
 from jdtensor import _env, runtime
 from jdtensor import _logging as logging
-from jdtensor.errors import NotInitializedError, PeerFailureError
+from jdtensor.errors import NotInitializedError, PEER_FAILURE_EXIT_CODE, PeerFailureError
 from jdtensor.heartbeat.departure import (Departure, ExitGuard, SystemExitWatch,
                                           describe_exception)
 from jdtensor.heartbeat.exchange import LinkExchange, ack_every_for
 from jdtensor.heartbeat.flight import MainThreadRecorder, format_stacks
 from jdtensor.heartbeat.interfaces import ProcessHooks
-from jdtensor.heartbeat.protocol import (CULPRIT_EXIT_GRACE, EXIT_CODE,
-                                         FIRST_EXCHANGE_ALLOWANCE, HOST_EXIT_WAIT,
-                                         OWN_FAILURE_EXIT_CODE, POLICIES, ROLL_CALL_GRACE,
+from jdtensor.heartbeat.protocol import (CULPRIT_EXIT_GRACE, HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE,
                                          Heartbeat)
 
-__all__ = ["start", "start_with", "current", "Heartbeat", "LinkExchange", "leave",
-           "blame_peer", "install_exit_guard", "dump_stacks", "tell_launcher_start_failed", "EXIT_CODE",
-           "OWN_FAILURE_EXIT_CODE", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
-           "ROLL_CALL_GRACE"]
+# The contract (and the API reference). What jdtensor itself calls here
+# (`start_with`, `install_exit_guard`, `leave`, `tell_launcher_start_failed`)
+# is not: its users are `jdtensor.accelerator` and the exit guard.
+__all__ = ["start", "current", "dump_stacks", "POLICIES"]
 
 _lock = threading.Lock()
 _current: Heartbeat | None = None
@@ -301,7 +299,7 @@ def blame_peer(departure: Departure) -> Departure:
   culprits = [] if failure is None else [c for c in failure.client_ids if c != me]
   if not culprits or not (departure.peer_lost or hb.terminating):
     return departure
-  return Departure(EXIT_CODE, f"{departure.why}, after {failure}", True,
+  return Departure(PEER_FAILURE_EXIT_CODE, f"{departure.why}, after {failure}", True,
                    peer_lost=departure.peer_lost, consequence=True)
 
 

@@ -52,17 +52,12 @@ from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          IDLE_PERCENT, OUT_OF_SYNC, STALLED,
                                          BeatLayout, Decider, Outcome, Row, Verdict)
-from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, PeerFailureError, reported_by,
-                             without_reported_by)
+from jdtensor.errors import (OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE,
+                             PeerFailureError, reported_by, without_reported_by)
 
-__all__ = ["Heartbeat", "BeatLayout", "EXIT_CODE", "OWN_FAILURE_EXIT_CODE",
-           "POLICIES", "FIRST_EXCHANGE_ALLOWANCE", "ROLL_CALL_GRACE",
+__all__ = ["Heartbeat", "BeatLayout", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE", "ROLL_CALL_GRACE",
            "IDLE_PERCENT", "exit_grace_for"]
 
-EXIT_CODE = PEER_FAILURE_EXIT_CODE
-# Exit code of a client that jdtensor found to be the root cause itself: its
-# own heartbeat failed, it stalled, or it was frozen (EX_SOFTWARE).
-OWN_FAILURE_EXIT_CODE = 70
 POLICIES = HEARTBEAT_POLICIES
 # Seconds the first exchange may take beyond the stuck time-out: every client
 # must have started its heartbeat (after its backend's start).
@@ -455,7 +450,7 @@ class Heartbeat:
                f"{seconds} s while {_names(waiters)} "
                f"{'wait' if len(waiters) > 1 else 'waits'} in a collective",
                [staller], exit_code=(OWN_FAILURE_EXIT_CODE
-                                     if staller == self.client_id else EXIT_CODE),
+                                     if staller == self.client_id else PEER_FAILURE_EXIT_CODE),
                told=True, culprit_wait=CULPRIT_EXIT_GRACE)  # It ends itself.
 
   def _out_of_sync(self, verdict: Verdict) -> None:
@@ -575,7 +570,7 @@ class Heartbeat:
             "raise": "raising PeerFailureError at the next jdtensor call",
             "log": "carrying on (policy 'log')"}[self.policy]
 
-  def _fail(self, core: str, ids: list[int], exit_code: int = EXIT_CODE,
+  def _fail(self, core: str, ids: list[int], exit_code: int = PEER_FAILURE_EXIT_CODE,
             public: str | None = None, told: bool = False,
             culprit_wait: float = 0.0) -> None:
     """Records a failure (`core` says what happened) and applies the policy.
@@ -592,7 +587,7 @@ class Heartbeat:
     with self._fail_lock:
       if self.failure is not None or self.exiting == "failed":
         return
-      own = exit_code != EXIT_CODE
+      own = exit_code != PEER_FAILURE_EXIT_CODE
       message = f"{core}; {self._consequence()}"
       error = PeerFailureError(message, tuple(ids))
       self.failure = error
@@ -619,7 +614,7 @@ class Heartbeat:
       sys.stderr.write(message + "\n")
       sys.stderr.flush()
       self.said.set()
-      if culprits and exit_code == EXIT_CODE:
+      if culprits and exit_code == PEER_FAILURE_EXIT_CODE:
         # Under an engine (mpirun, srun), the first process to fail is the
         # one it names: the culprits' exits first, bounded.
         grace = min(culprit_wait, self._process.culprit_grace())
@@ -671,7 +666,7 @@ class Heartbeat:
       why = reported_by(why, reporter)
     self._fail(why, clients,
                exit_code=(OWN_FAILURE_EXIT_CODE if self.client_id in clients
-                          else EXIT_CODE), told=True,
+                          else PEER_FAILURE_EXIT_CODE), told=True,
                culprit_wait=REPORTED_CULPRIT_WAIT)
 
   def peer_left(self, client: int, code: int, why: str, failure: bool) -> None:

@@ -33,17 +33,13 @@ from collections.abc import Mapping
 from typing import IO
 
 from jdtensor import _limits
-from jdtensor._report import describe_exit
 from jdtensor.launcher import nodes
-from jdtensor.launcher.output import is_gloo_noise
-from jdtensor.launcher.processes import stop_process_groups
-from jdtensor.launcher.spec import (EXIT_TIMEOUT, Attempt, Failure, Interrupt,
-                                    LaunchResult, LaunchSpec, free_ports, worker_env)
+from jdtensor.launcher.spec import Attempt, Interrupt, LaunchResult, LaunchSpec, free_ports
 from jdtensor.launcher.supervisor import Signals, run_attempt
 
-__all__ = ["LaunchSpec", "LaunchResult", "Attempt", "Failure", "Interrupt",
-           "free_ports", "worker_env", "launch", "run_attempt", "is_gloo_noise",
-           "describe_exit", "stop_process_groups", "EXIT_TIMEOUT"]
+# The contract (and the API reference); the parts (`spec`, `supervisor`,
+# `processes`, `output`, `nodes`) are imported by their own names.
+__all__ = ["launch", "LaunchSpec", "LaunchResult", "free_ports"]
 
 
 def launch(spec: LaunchSpec, out: IO[str] | None = None,

@@ -36,12 +36,12 @@ from typing import IO, Any
 from jdtensor import _env, _report
 from jdtensor._deadline import Deadline
 from jdtensor._wire import format_host_port, handshake_proof, split_host_port
-from jdtensor.errors import ConfigError
+from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, ConfigError
 from jdtensor.launcher import supervisor
 from jdtensor.launcher.meeting import NodeError, join, serve
 from jdtensor.launcher.output import say
 from jdtensor.launcher.meeting import Channel
-from jdtensor.launcher.spec import (EXIT_TIMEOUT, Attempt, Failure, HeldPorts, LaunchResult,
+from jdtensor.launcher.spec import (Attempt, Failure, HeldPorts, LaunchResult,
                                     LaunchSpec)
 
 __all__ = ["run", "NodeError"]
@@ -240,7 +240,7 @@ class _Node0:
                       if root and r.get("failure") == root), None)
     if exit_code is None:
       exit_code = result.exit_code or 1
-    timed_out = exit_code == EXIT_TIMEOUT  # Never restarted.
+    timed_out = exit_code == LAUNCH_TIMEOUT_EXIT_CODE  # Never restarted.
     if interrupted or self.lost or timed_out or attempt >= spec.max_restarts:
       self.broadcast({"finish": {"exit_code": exit_code, "root": root}})
       result.reason = _summary(0, root_text, result, spec.grace)
@@ -427,7 +427,7 @@ class _OneNode:
   def decide(self, result: LaunchResult, signals: supervisor.Signals) -> _Decision:
     spec, attempt = self.spec, result.restarts
     # A time-out bounds the whole run: it is never restarted.
-    if (result.exit_code in (0, EXIT_TIMEOUT)
+    if (result.exit_code in (0, LAUNCH_TIMEOUT_EXIT_CODE)
         or signals.interrupt.signal is not None or attempt >= spec.max_restarts):
       return _Decision(True, result.reason)
     # One line per restart, with the whole summary of the attempt.

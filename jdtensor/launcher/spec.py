@@ -18,9 +18,8 @@ from jdtensor import _env
 from jdtensor.device_spec import DEVICE_TYPES
 
 __all__ = ["LaunchSpec", "LaunchResult", "Attempt", "Failure", "Interrupt",
-           "HeldPorts", "free_ports", "worker_env", "EXIT_TIMEOUT"]
+           "HeldPorts", "free_ports", "worker_env"]
 
-EXIT_TIMEOUT = 124  # The launcher's exit code when its time-out expired.
 
 
 @dataclass(frozen=True)

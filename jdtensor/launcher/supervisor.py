@@ -26,11 +26,11 @@ from jdtensor import _env, _status
 from jdtensor._ids import ids_text
 from jdtensor._report import (ClientEnd, Report, describe_exit, finished_clients,
                               root_cause, summary)
-from jdtensor.errors import PEER_FAILURE_EXIT_CODE
+from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 from jdtensor.launcher.output import ClientLog, Output
 from jdtensor.launcher.processes import (signal_groups, stop_process_groups,
                                          why_it_cannot_start, wrapped)
-from jdtensor.launcher.spec import (EXIT_TIMEOUT, Attempt, Failure, Interrupt,
+from jdtensor.launcher.spec import (Attempt, Failure, Interrupt,
                                     LaunchResult, LaunchSpec, worker_env)
 
 __all__ = ["Signals", "run_attempt"]
@@ -284,7 +284,7 @@ class _Supervisor:
         stopped = self.stop_all()
         result.reason = self.summary(f"timed out after {self.spec.timeout:g} s",
                                      stopped)
-        result.exit_code = EXIT_TIMEOUT
+        result.exit_code = LAUNCH_TIMEOUT_EXIT_CODE
         result.failed_at = time.time()
         self.on_failure(Failure(None, f"timed out after {self.spec.timeout:g} s",
                                 True, result.failed_at))

@@ -43,9 +43,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from jdtensor import _env, launcher
+from jdtensor._report import describe_exit
 from jdtensor._ids import ids_text
 from jdtensor.device_spec import DEVICE_TYPES
-from jdtensor.errors import PEER_FAILURE_EXIT_CODE, ConfigError
+from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, PEER_FAILURE_EXIT_CODE, ConfigError
 from jdtensor.testing import _transport
 
 __all__ = ["multi_client", "run_in_multi_client", "MultiClientTestError",
@@ -424,7 +425,7 @@ def _failure(name: str, options: MultiClientOptions, timeout: float,
   finished = [c for c in range(n) if records.get(c, {}).get("status") == "ok"]
   head: list[str] = []
   detail: list[str] = []
-  if result.exit_code == launcher.EXIT_TIMEOUT and not failures:
+  if result.exit_code == LAUNCH_TIMEOUT_EXIT_CODE and not failures:
     late = [c for c in range(n) if c not in finished]
     head.append(f"{name}: timed out after {timeout:g} s: {_clients(late)} did not "
                 "finish" + (f" ({_clients(finished)} had returned)" if finished else
@@ -449,7 +450,7 @@ def _failure(name: str, options: MultiClientOptions, timeout: float,
       head.append(f"{_clients(consequences)} stopped as a consequence.")
     for c in others:
       code = codes[c]
-      how = "still running" if code is None else launcher.describe_exit(code)
+      how = "still running" if code is None else describe_exit(code)
       head.append(f"client {c} did not return: {how}.")
       detail += [f"--- client {c}: last output ---"] + (
           _tail(err_lines, c) or ["(no output)"])

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from jdtensor import heartbeat
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 from tests.helpers import (clean_env, cluster_env, finish, free_port,
                            kill_when_ready, pid_alive, sigterm_launcher,
                            start_clients, start_launcher)
@@ -226,7 +226,7 @@ def test_client_killed_at_init():
   assert r1.returncode == -signal.SIGKILL
   assert_clean(r0, "StartupError: client 1's process ended during start-up (its "
                "process ended without saying goodbye) after meeting the coordinator",
-               returncode=heartbeat.EXIT_CODE)
+               returncode=PEER_FAILURE_EXIT_CODE)
   assert_no_leftovers(procs)
 
 
@@ -237,7 +237,7 @@ def test_client_killed_while_running(scenario, victim):
   js = jobs(2)
   envs = [cluster_env(js, c, JDTENSOR_HEARTBEAT_PERIOD="1") for c in (0, 1)]
   live, ended = kill_when_ready(scenario, envs, victim)
-  assert live.procs[0].returncode == heartbeat.EXIT_CODE, live.err[0]
+  assert live.procs[0].returncode == PEER_FAILURE_EXIT_CODE, live.err[0]
   assert ended[0] < 5
   assert f"heartbeat: client {victim} missed beat " in live.err[0]
   assert_no_leftovers(live.procs)

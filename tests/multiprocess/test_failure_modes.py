@@ -16,6 +16,7 @@ import pytest
 from jdtensor import heartbeat
 from jdtensor.heartbeat.protocol import HOST_EXIT_WAIT
 from tests.helpers import REPO, launch_clients
+from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 
 pytestmark = pytest.mark.multiprocess
 
@@ -63,7 +64,7 @@ def test_an_exception_stops_everyone_within_5s_naming_it():
   why = re.escape("client 1 failed: ZeroDivisionError: division by zero "
                   "(failure_client.py:") + r"\d+" + re.escape(" in misbehave)")
   for c in (0, 2):
-    assert res.returncodes[c] in (heartbeat.EXIT_CODE, -15), res.returncodes
+    assert res.returncodes[c] in (PEER_FAILURE_EXIT_CODE, -15), res.returncodes
     assert any(re.fullmatch(rf"heartbeat: {why}( \(reported by client \d\))?; "
                             "stopping this client", line) for line in lines(err, c)), err
   assert "Shutdown barrier" not in err and "F1" not in err  # No C++ abort.
@@ -86,9 +87,9 @@ def test_a_sigkill_mid_collective_is_the_root_cause_not_the_peers_gloo_error(pol
     assert "the other clients have been told" not in said, err
     if "Gloo all-reduce failed" in said:  # It left as client 1's consequence.
       hit += 1
-      assert res.returncodes[c] in (heartbeat.EXIT_CODE, -15), (res.returncodes, err)
+      assert res.returncodes[c] in (PEER_FAILURE_EXIT_CODE, -15), (res.returncodes, err)
     elif policy == "terminate":
-      assert res.returncodes[c] in (heartbeat.EXIT_CODE, -15), (res.returncodes, err)
+      assert res.returncodes[c] in (PEER_FAILURE_EXIT_CODE, -15), (res.returncodes, err)
     # Under "raise", a client still blocked in the psum (gloo reported nothing
     # to it) is stopped by the launcher: docs/guides/limits.md.
   if policy == "raise":
@@ -104,7 +105,7 @@ def test_client_0_failing_lets_the_others_leave_with_their_own_reason():
   assert res.returncodes[0] == 1
   assert "F1" not in err and "Check failure" not in err, err  # No C++ abort.
   for c in (1, 2):
-    assert res.returncodes[c] == heartbeat.EXIT_CODE, res.returncodes
+    assert res.returncodes[c] == PEER_FAILURE_EXIT_CODE, res.returncodes
     assert any(line.startswith("heartbeat: client 0 failed: ZeroDivisionError")
                for line in lines(err, c)), err
 
@@ -151,7 +152,7 @@ def test_an_early_exit_stops_everyone_within_5s_naming_it(code):
     assert res.reason.startswith(f"jdtensor launch: {said} (named by clients "), res.reason
     assert res.exit_code == 1  # The run failed, though client 1 said 0.
   for c in (0, 2):
-    assert res.returncodes[c] in (heartbeat.EXIT_CODE, -15), res.returncodes
+    assert res.returncodes[c] in (PEER_FAILURE_EXIT_CODE, -15), res.returncodes
     assert any(line.startswith(f"heartbeat: {said}") for line in lines(err, c)), err
   assert "Shutdown barrier" not in err and "F1" not in err
 
@@ -162,8 +163,8 @@ def test_a_stall_is_named_on_every_client_with_its_stack():
   where = r"failure_client\.py:\d+ next_batch <- failure_client\.py:\d+ <module>"
   said = (rf"client 1 stalled: main thread in {where} for \d+ s while clients 0, "
           r"2 wait in a collective")
-  assert res.returncodes[1] == heartbeat.OWN_FAILURE_EXIT_CODE, res.returncodes
-  assert res.exit_code == heartbeat.OWN_FAILURE_EXIT_CODE
+  assert res.returncodes[1] == OWN_FAILURE_EXIT_CODE, res.returncodes
+  assert res.exit_code == OWN_FAILURE_EXIT_CODE
   assert re.match(rf"jdtensor launch: client 1 exited with code 70: {said}; ",
                   res.reason), res.reason
   for c in (0, 1, 2):  # The same line everywhere, the staller included.

@@ -14,6 +14,7 @@ import pytest
 
 from jdtensor import heartbeat, launcher
 from jdtensor.testing import multi_client, run_in_multi_client
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 from tests.helpers import (TEST_TIMEOUTS, LiveClients, cluster_env, finish,
                            free_port, kill_when_ready, parse_results, run_python,
                            start_clients)
@@ -60,7 +61,7 @@ def test_sigkilled_client_every_survivor_exits_within_5s(victim):
   live, ended = kill_when_ready("heartbeat_victim", envs, victim)
   survivors = [c for c in range(3) if c != victim]
   for c in survivors:
-    assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
+    assert live.procs[c].returncode == PEER_FAILURE_EXIT_CODE, live.err[c]
     assert ended[c] < 5.0, ended
     assert f"heartbeat: client {victim} missed beat " in live.err[c]
     assert "stopping this client" in live.err[c]
@@ -89,7 +90,7 @@ def test_launcher_reports_the_killed_client(monkeypatch):
   text = err.getvalue()
   for c in (0, 2):
     assert f"[client {c}] heartbeat: client 1 missed beat" in text, text
-  assert res.returncodes[0] == res.returncodes[2] == heartbeat.EXIT_CODE, text
+  assert res.returncodes[0] == res.returncodes[2] == PEER_FAILURE_EXIT_CODE, text
   # Nobody needed the launcher's stop: both ended by themselves, with 75.
   head, _, also = res.reason.partition("; stopped clients none (also: ")
   assert head == "jdtensor launch: client 1 was killed by SIGKILL", res.reason

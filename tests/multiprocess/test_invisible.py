@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from jdtensor import heartbeat
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 from tests.helpers import (REPO, LiveClients, cluster_env, free_port,
                            launch_clients, parse_results)
 
@@ -144,7 +144,7 @@ def test_jaxlib_without_a_private_symbol_still_beats_on_the_links(tmp_path):
   finally:
     live.close()
   for c in (0, 1):
-    assert live.procs[c].returncode == heartbeat.EXIT_CODE, live.err[c]
+    assert live.procs[c].returncode == PEER_FAILURE_EXIT_CODE, live.err[c]
     assert ended[c] < 5, ended
     # Seen on its own link, or first reported by the other survivor.
     assert re.search(r"heartbeat: client 2 missed beat [1-9]\d* \(last seen "

@@ -6,7 +6,7 @@ which the launcher drops from the clients' output."""
 import pytest
 
 from jdtensor import _jaxlib_texts
-from jdtensor.launcher import is_gloo_noise
+from jdtensor.launcher.output import is_gloo_noise
 from jdtensor.launcher.output import without_gloo_pieces
 from tests.helpers import cluster_env, finish, free_port, start_clients
 

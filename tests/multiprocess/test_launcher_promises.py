@@ -13,7 +13,8 @@ import time
 import pytest
 
 from jdtensor import launcher
-from jdtensor.launcher import Attempt, Interrupt, run_attempt
+from jdtensor.launcher.spec import Attempt, Interrupt
+from jdtensor.launcher.supervisor import run_attempt
 from jdtensor.launcher.supervisor import Signals
 from tests.helpers import REPO, clean_env, launch_clients, pid_alive
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.helpers import REPO, TEST_TIMEOUTS, clean_env, free_port, pid_alive
-from jdtensor.launcher import stop_process_groups
+from jdtensor.launcher.processes import stop_process_groups
 
 pytestmark = pytest.mark.multiprocess
 

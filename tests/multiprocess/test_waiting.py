@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from jdtensor import heartbeat
 from tests.helpers import REPO, launch_clients
+from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 
 pytestmark = pytest.mark.multiprocess
 
@@ -55,7 +55,7 @@ def test_a_staller_is_named_within_the_stall_timeout_plus_two_periods(devices, r
   res, out, err, after = run(devices, "stall", bad=2, READ=read,
                              JDTENSOR_STALL_TIMEOUT=str(stall))
   assert after is not None and after < stall + 2 * PERIOD + 4, f"{after}\n{err}"
-  assert res.first_failure == 2 and res.returncodes[2] == heartbeat.OWN_FAILURE_EXIT_CODE, (
+  assert res.first_failure == 2 and res.returncodes[2] == OWN_FAILURE_EXIT_CODE, (
       res.reason)
   assert res.reason.startswith("jdtensor launch: client 2 exited with code 70: client 2 "
                                "stalled: main thread in waiting_client.py:"), res.reason
@@ -64,7 +64,7 @@ def test_a_staller_is_named_within_the_stall_timeout_plus_two_periods(devices, r
   each_names_once(err, r"heartbeat: client 2 stalled: main thread in "
                        r"waiting_client\.py:\d+ next_batch .* while clients 0, 1, 3 wait "
                        r"in a collective")
-  assert all(res.returncodes[c] in (heartbeat.EXIT_CODE, -15) for c in (0, 1, 3)), (
+  assert all(res.returncodes[c] in (PEER_FAILURE_EXIT_CODE, -15) for c in (0, 1, 3)), (
       res.returncodes)
 
 
@@ -78,7 +78,7 @@ def test_an_early_exit_0_is_named_within_the_exit_grace(devices, read):
                                "others were still running (clients 0, 2, 3 wait in a "
                                "collective)"), res.reason
   for c in (0, 2, 3):
-    assert res.returncodes[c] == heartbeat.EXIT_CODE, f"{res.returncodes}\n{err}"
+    assert res.returncodes[c] == PEER_FAILURE_EXIT_CODE, f"{res.returncodes}\n{err}"
     said = [line for line in lines(err, c) if "client 1 exited (code 0)" in line]
     assert len(said) == 1, f"client {c}:\n{err}"
 

@@ -18,6 +18,7 @@ from jdtensor.heartbeat import protocol, verdicts
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.errors import ConfigError
+from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 
 
 class SumExchange:
@@ -292,7 +293,7 @@ def test_stuck_client_is_named_after_the_stuck_timeout_and_terminated():
   ex.stuck.add(1)  # Client 1 freezes (alive but stuck) before its next beat.
   start = time.monotonic()
   assert wait_for(lambda: exits, 15)
-  assert exits[0] == heartbeat.EXIT_CODE
+  assert exits[0] == PEER_FAILURE_EXIT_CODE
   # The 3 s stuck time-out (checked each second), then the roll call's grace.
   assert 2.5 < time.monotonic() - start < 3 + 1 + heartbeat.ROLL_CALL_GRACE + 1.5
   assert hbs[0].failure.client_ids == (1,)
@@ -333,7 +334,7 @@ def test_a_client_named_by_a_peer_is_the_root_cause():
   codes, reported = [], []
   hb = beat(1, "terminate", 1, 3, process=Hooks(codes, reported))
   hb.peer_reported([1], "heartbeat: client 1 missed beat 5 (last seen 3.2 s ago)", 0)
-  assert codes == [heartbeat.OWN_FAILURE_EXIT_CODE]  # Not 75: it is the cause.
+  assert codes == [OWN_FAILURE_EXIT_CODE]  # Not 75: it is the cause.
   assert str(hb.failure) == (
       "heartbeat: client 1 missed beat 5 (last seen 3.2 s ago) (reported by "
       "client 0); stopping this client")
@@ -492,7 +493,7 @@ def test_an_exception_in_the_heartbeats_own_code_is_this_clients_failure():
   hbs[0]._terminate = lambda code: None  # Client 0 waits; only 1 is checked.
   hbs[0].start_threads()
   assert wait_for(lambda: exits)
-  assert exits == [heartbeat.OWN_FAILURE_EXIT_CODE]  # A root cause, not 75.
+  assert exits == [OWN_FAILURE_EXIT_CODE]  # A root cause, not 75.
   message = str(hbs[1].failure)
   assert hbs[1].failure.client_ids == (1,)
   assert message.startswith("heartbeat: this client's (1) heartbeat failed in its "
@@ -548,7 +549,7 @@ def test_a_departure_with_a_failure_stops_the_others_at_once(why, expected):
   codes = []
   hb = beat(1, "terminate", 0, 3, process=Hooks(codes))
   hb.peer_left(1, 1, why, True)
-  assert str(hb.failure) == expected and codes == [heartbeat.EXIT_CODE]
+  assert str(hb.failure) == expected and codes == [PEER_FAILURE_EXIT_CODE]
 
 
 def test_client_0_waits_for_a_leaving_culprit_but_not_for_a_silent_one():
@@ -667,7 +668,7 @@ def test_a_consequence_under_terminate_leaves_only_once_the_verdict_is_said(
   hooks.go.set()
   verdict.join(5)
   leaving.join(5)
-  assert left == [False] and codes == [protocol.EXIT_CODE]
+  assert left == [False] and codes == [PEER_FAILURE_EXIT_CODE]
   err = capsys.readouterr().err
   assert err.count("client 2 stalled") == 1, err  # Said once, by the heartbeat.
   assert "jdtensor: client" not in err, err
@@ -702,7 +703,7 @@ def test_a_failure_after_a_verdict_under_terminate_leaves_as_its_consequence(
   hb, hooks, codes, verdict = _verdict_being_reported(monkeypatch)
   why, code = departure
   leaving = heartbeat.blame_peer(Departure(code, why, True))
-  assert leaving.code == protocol.EXIT_CODE and leaving.consequence
+  assert leaving.code == PEER_FAILURE_EXIT_CODE and leaving.consequence
   assert leaving.why.startswith(f"{why}, after heartbeat: client 2 stalled")
   left = []
   exiting = threading.Thread(target=lambda: left.append(heartbeat.leave(leaving)),
@@ -711,7 +712,7 @@ def test_a_failure_after_a_verdict_under_terminate_leaves_as_its_consequence(
   hooks.go.set()
   verdict.join(5)
   exiting.join(5)
-  assert left == [False] and codes == [protocol.EXIT_CODE]
+  assert left == [False] and codes == [PEER_FAILURE_EXIT_CODE]
   err = capsys.readouterr().err
   assert err.count("client 2 stalled") == 1, err
   assert "jdtensor: client" not in err, err

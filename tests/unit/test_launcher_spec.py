@@ -6,12 +6,13 @@ import re
 import pytest
 
 from jdtensor import _env, launcher
+from jdtensor.launcher import spec as spec_mod
 from jdtensor.errors import ConfigError
 
 
 def test_worker_env_is_dtensor_env():
   spec = launcher.LaunchSpec(command=("x",), num_clients=3, devices_per_client=2)
-  env = launcher.worker_env(spec, 1, [7001, 7002, 7003],
+  env = spec_mod.worker_env(spec, 1, [7001, 7002, 7003],
                             {"KEEP": "1", "JDTENSOR_RESTART_COUNT": "5"})
   assert env["DTENSOR_CLIENT_ID"] == "1" and env["DTENSOR_NUM_CLIENTS"] == "3"
   assert env["DTENSOR_JOB_NAME"] == "worker"
@@ -19,8 +20,8 @@ def test_worker_env_is_dtensor_env():
   assert env["JAX_NUM_CPU_DEVICES"] == "2" and env["JAX_PLATFORMS"] == "cpu"
   assert env["KEEP"] == "1"
   assert env["JDTENSOR_RESTART_COUNT"] == "0"  # always set, never inherited
-  later = launcher.Attempt((0, 1), ("h:1", "h:2"), "s" * 16, restart_count=2)
-  env = launcher.worker_env(spec, 1, [], {}, later)
+  later = spec_mod.Attempt((0, 1), ("h:1", "h:2"), "s" * 16, restart_count=2)
+  env = spec_mod.worker_env(spec, 1, [], {}, later)
   assert env["JDTENSOR_RESTART_COUNT"] == "2" and env["DTENSOR_JOBS"] == "h:1,h:2"
   assert env["JDTENSOR_RUN_SECRET"] == "s" * 16
   ports = launcher.free_ports(4)
@@ -82,7 +83,7 @@ def test_the_device_count_rule(requested, environ, count):
   spec = launcher.LaunchSpec(command=("x",), devices_per_client=requested)
   resolved = spec.resolved(environ)
   assert resolved.devices_per_client == count
-  env = launcher.worker_env(resolved, 0, [7001, 7002], environ)
+  env = spec_mod.worker_env(resolved, 0, [7001, 7002], environ)
   if count is None:  # Nothing set: JAX's default of 1.
     assert env.get("JAX_NUM_CPU_DEVICES") == environ.get("JAX_NUM_CPU_DEVICES")
   elif requested is not None:
