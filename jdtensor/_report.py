@@ -23,10 +23,33 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from jdtensor._ids import ids_text
-from jdtensor.errors import PEER_FAILURE_EXIT_CODE, without_reported_by
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 
-__all__ = ["Report", "ClientEnd", "RootCause", "root_cause", "summary", "describe_exit",
-           "mark_finished", "finished_clients"]
+__all__ = ["Reason", "Report", "ClientEnd", "RootCause", "root_cause", "summary",
+           "describe_exit", "mark_finished", "finished_clients"]
+
+
+class Reason(NamedTuple):
+  """Why a client blames whom, as data; the line for people is made from it
+  (`heartbeat_line`), and nothing ever reads a line back.
+
+  Attributes:
+    detail: What happened, e.g. ``client 2 missed beat 4 (last seen 1.0 s
+      ago)``.
+    subject: The clients `detail` begins with (``client 2 missed ...``:
+      (2,)); () when it begins otherwise (``beat 4 did not complete ...``,
+      ``this client (2) ...``).
+    reporter: The client that found it, when its report was relayed here;
+      None when this client found it.
+  """
+  detail: str
+  subject: tuple[int, ...] = ()
+  reporter: int | None = None
+
+  def heartbeat_line(self) -> str:
+    """``heartbeat: <detail>[ (reported by client N)]``."""
+    by = "" if self.reporter is None else f" (reported by client {self.reporter})"
+    return f"heartbeat: {self.detail}{by}"
 
 
 def mark_finished(directory: str, client: int) -> None:
@@ -71,13 +94,17 @@ class Report(NamedTuple):
   Attributes:
     client: Its id.
     culprits: Whom it blames ([itself] when it found itself the cause).
-    why: Its reason, as it printed it.
+    why: Its reason, as it printed it (for people; never read back).
     at: When (``time.time()``).
-    departure: A client that failed by itself telling when it left (its
-      `why` is ``failed: <exception>`` or ``exited (code n)``), rather than
-      a verdict on others.
+    departure: A client that failed by itself telling when it left, rather
+      than a verdict on others.
     leaving: The client leaves because of this verdict (its heartbeat's
       policy is terminate): it ends by itself, the launcher need not stop it.
+    detail: The reason alone: a verdict's `Reason.detail`; a departure's
+      exception (``ZeroDivisionError: ... (train.py:42 in step)``), '' for
+      an exit code, which says it all.
+    subject: A verdict's `Reason.subject`.
+    reporter: A verdict's `Reason.reporter`.
   """
   client: int
   culprits: tuple[int, ...]
@@ -85,11 +112,15 @@ class Report(NamedTuple):
   at: float | None = None
   departure: bool = False
   leaving: bool = False
+  detail: str = ""
+  subject: tuple[int, ...] = ()
+  reporter: int | None = None
 
   def write(self, directory: str) -> None:
     """Atomically, as ``client-<id>.json`` (the launcher may read at any time)."""
     path = os.path.join(directory, f"client-{self.client}.json")
-    record = {**self._asdict(), "culprits": list(self.culprits)}
+    record = {**self._asdict(), "culprits": list(self.culprits),
+              "subject": list(self.subject)}
     with open(path + ".tmp", "w") as f:
       json.dump(record, f)
     os.replace(path + ".tmp", path)
@@ -109,11 +140,15 @@ class Report(NamedTuple):
         with open(os.path.join(directory, name)) as f:
           data = json.load(f)
         at = data.get("at")
+        reporter = data.get("reporter")
         report = Report(int(data["client"]), tuple(int(c) for c in data["culprits"]),
                         str(data["why"]),
                         float(at) if isinstance(at, (int, float)) else None,
                         bool(data.get("departure", False)),
-                        bool(data.get("leaving", False)))
+                        bool(data.get("leaving", False)),
+                        str(data.get("detail", "")),
+                        tuple(int(c) for c in data.get("subject", ())),
+                        None if reporter is None else int(reporter))
       except (OSError, ValueError, KeyError, TypeError, AttributeError):
         continue
       out[report.client] = report
@@ -126,18 +161,19 @@ class Report(NamedTuple):
     return self.departure or self.leaving
 
   @property
-  def plain(self) -> str:
-    """The reason as a summary line says it: no ``heartbeat:`` prefix, no
-    relay suffix."""
-    return without_reported_by(self.why.removeprefix("heartbeat: "))
-
-  @property
   def own_reason(self) -> str | None:
     """Why this client failed, in its own words, when it says more than its
     exit code: its exception, or a verdict it reached on itself."""
-    if self.departure:
-      return self.why.removeprefix("failed: ") if self.why.startswith("failed: ") else None
-    return self.plain if self.culprits == (self.client,) else None
+    if self.departure or self.culprits == (self.client,):
+      return self.detail or None
+    return None
+
+  def naming(self, client: int) -> str:
+    """This verdict as a summary names `client` by it: its detail, after the
+    client's name unless the detail begins with it."""
+    if self.subject == (client,):
+      return self.detail
+    return f"client {client}: {self.detail}"
 
 
 class ClientEnd(NamedTuple):
@@ -220,9 +256,7 @@ def root_cause(ends: Sequence[ClientEnd], reports: Mapping[int, Report],
         named.setdefault(c, []).append(reporter)
   if named:
     client = max(named, key=lambda c: (len(named[c]), -min(named[c])))
-    why = reports[named[client][0]].plain
-    if not why.startswith(f"client {client}"):
-      why = f"client {client}: {why}"
+    why = reports[named[client][0]].naming(client)
     others = [r for r in named[client] if r != client]
     if others:
       why += (f" (named by client{'s' if len(others) > 1 else ''} "

@@ -84,28 +84,6 @@ class PeerFailureError(JDTensorError, RuntimeError):
     self.client_ids = tuple(client_ids)
 
 
-# A heartbeat verdict relayed by the liveness links says once who found it:
-# "... (reported by client 3)" (`PeerFailureError`'s message and the launcher's
-# report carry it). Internal helpers, not in __all__: the heartbeat adds the
-# suffix, the launcher's summary takes it off.
-_REPORTED_BY = " (reported by client "
-
-
-def reported_by(why: str, client: int) -> str:
-  """`why` with the suffix naming `client` as the one that reported it."""
-  return f"{why}{_REPORTED_BY}{client})"
-
-
-def without_reported_by(why: str) -> str:
-  """`why` without its `reported_by` suffix (before a final newline, if
-  any), or unchanged when it has none."""
-  end = "\n" if why.endswith("\n") else ""
-  head, sep, tail = why[:len(why) - len(end)].rpartition(_REPORTED_BY)
-  if sep and tail.endswith(")") and tail[:-1].isdecimal():
-    return head + end
-  return why
-
-
 def inherited_client_message(pid: int, client: int, parent: int) -> str:
   """Why process `pid`, a child of client `client`'s process `parent` with
   its DTENSOR_*, cannot start: the same for a 'spawn' child (a fresh

@@ -59,6 +59,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from jdtensor import _env, runtime
+from jdtensor._report import Reason, Report
 from jdtensor import _logging as logging
 from jdtensor.errors import NotInitializedError, PEER_FAILURE_EXIT_CODE, PeerFailureError
 from jdtensor.heartbeat.departure import (Departure, ExitGuard, SystemExitWatch,
@@ -83,21 +84,25 @@ def current() -> Heartbeat | None:
   return _current
 
 
-def _tell_launcher(client_id: int, culprits: list[int], why: str,
-                   departure: bool = False, leaving: bool = False) -> None:
-  """Writes where `jdtensor launch` reads it (``JDTENSOR_REPORT_DIR``) whom
-  this client blames, or (`departure`) that it left with a failure of its
-  own: the launcher's root cause is the client that failed first, and client
-  0 leaves last on purpose."""
+def _tell_launcher(report: Report) -> None:
+  """Writes `report` where `jdtensor launch` reads it (``JDTENSOR_REPORT_DIR``):
+  whom this client blames, or (a departure) that it left with a failure of
+  its own: the launcher's root cause is the client that failed first, and
+  client 0 leaves last on purpose."""
   directory = _env.read_report_dir()
   if not directory:
     return
-  from jdtensor._report import Report  # pylint: disable=g-import-not-at-top
   try:
-    Report(client_id, tuple(culprits), why, time.time(), departure,
-           leaving).write(directory)
+    report.write(directory)
   except OSError:
     pass  # The launcher then falls back to exit codes and times.
+
+
+def _departure_report(client_id: int, why: str, exception: str) -> Report:
+  """This client left with a failure of its own: `why` as it said it, and
+  the `exception` it raised ('' for an exit code)."""
+  return Report(client_id, (client_id,), why, time.time(), departure=True,
+                detail=exception)
 
 
 def tell_launcher_start_failed(error: BaseException | None) -> None:
@@ -121,8 +126,8 @@ def tell_launcher_start_failed(error: BaseException | None) -> None:
     except OSError:
       pass  # None was written.
     return
-  _tell_launcher(int(raw), [int(raw)], f"failed: {describe_exception(error)}",
-                 departure=True)
+  exception = describe_exception(error)
+  _tell_launcher(_departure_report(int(raw), f"failed: {exception}", exception))
 
 
 class _ClientProcess(ProcessHooks):
@@ -133,8 +138,10 @@ class _ClientProcess(ProcessHooks):
     self.client_id = client_id
     self.report_dir = _env.read_report_dir()  # Under `jdtensor launch` only.
 
-  def tell_launcher(self, clients: list[int], why: str, leaving: bool) -> None:
-    _tell_launcher(self.client_id, clients, why, leaving=leaving)
+  def tell_launcher(self, clients: list[int], reason: Reason, leaving: bool) -> None:
+    _tell_launcher(Report(self.client_id, tuple(clients), reason.heartbeat_line(),
+                          time.time(), leaving=leaving, detail=reason.detail,
+                          subject=reason.subject, reporter=reason.reporter))
 
   def culprit_grace(self) -> float:
     return 0.0 if self.report_dir else CULPRIT_EXIT_GRACE
@@ -242,12 +249,6 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
   if not state.multi_client or state.links is None or env is None:
     raise NotInitializedError("The heartbeat needs an initialised multi-client "
                               "run (DTENSOR_JOBS with several clients).")
-  if _env.read_report_dir():
-    # Loaded now, not on a verdict's path: a client's first verdict must not
-    # wait for an import (compiled from source where no bytecode is cached),
-    # nor race another thread's verdict while it does. Without a launcher to
-    # read reports it is never needed.
-    import jdtensor._report  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   exchange = LinkExchange(env.client_id, env.num_clients, state.links,
                           ack_every=ack_every_for(settings.period, settings.stuck_timeout))
   heartbeat = Heartbeat(settings, env.client_id, env.num_clients, exchange=exchange,
@@ -337,8 +338,9 @@ def leave(departure: Departure) -> bool:
         links.wait_ended(culprits, min(hb.culprit_wait, CULPRIT_EXIT_GRACE))
     else:
       if links is not None:
-        links.announce_departure(departure.code, departure.why, True)
-      _tell_launcher(me, [me], departure.why, departure=True)
+        links.announce_departure(departure.code, departure.why, True,
+                                 raised=bool(departure.exception))
+      _tell_launcher(_departure_report(me, departure.why, departure.exception))
       sys.stderr.write(f"jdtensor: client {me} {departure.why}; the other clients "
                        "have been told.\n")
     sys.stderr.flush()

@@ -77,6 +77,8 @@ class Departure(NamedTuple):
       heartbeat has already named to everyone (and to the launcher).
     join_wait: Seconds a collective's set-up waited for another client that
       never joined it (see `never_joined`); None otherwise.
+    exception: The exception it leaves with (`describe_exception`); '' when
+      it leaves by an exit code.
   """
   code: int
   why: str
@@ -84,6 +86,7 @@ class Departure(NamedTuple):
   peer_lost: bool = False
   consequence: bool = False
   join_wait: float | None = None
+  exception: str = ""
 
 
 # Characters of an exception's first line a departure shows: jdtensor's own
@@ -486,9 +489,10 @@ class ExitGuard:
     if error is not None and not isinstance(error, SystemExit):
       code = 130 if isinstance(error, KeyboardInterrupt) else 1
       join_wait = never_joined(error)
-      return Departure(code, f"failed: {describe_exception(error)}", True,
+      exception = describe_exception(error)
+      return Departure(code, f"failed: {exception}", True,
                        peer_lost=lost_a_peer(error) or join_wait is not None,
-                       join_wait=join_wait)
+                       join_wait=join_wait, exception=exception)
     if self.exit_watch is not None and self.exit_watch.active:
       ending = self.exit_watch.ending()
       code = 0 if ending is None else _status_code(ending.code)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from jdtensor._report import Reason
 from jdtensor.errors import PeerFailureError
 from jdtensor.heartbeat.verdicts import Decider, Outcome, Row
 
@@ -94,7 +95,7 @@ class Peers:
   is `jdtensor.runtime.links.Links`, which has these methods); by default,
   nobody."""
 
-  def report(self, clients: list[int], why: str) -> None:
+  def report(self, clients: list[int], reason: Reason) -> None:
     """Tells every other client that `clients` failed, and why."""
 
   def wait_peers_gone(self, timeout: float, ignore: tuple[int, ...] | list[int] = ()
@@ -123,7 +124,7 @@ class ProcessHooks:
     the culprit); 0 where a jdtensor launcher names the root cause."""
     return 0.0
 
-  def tell_launcher(self, clients: list[int], why: str, leaving: bool) -> None:
+  def tell_launcher(self, clients: list[int], reason: Reason, leaving: bool) -> None:
     """Tells the launcher whom this client blames (``JDTENSOR_REPORT_DIR``),
     and whether it is leaving because of it (policy terminate)."""
 

@@ -52,8 +52,8 @@ from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          IDLE_PERCENT, OUT_OF_SYNC, STALLED,
                                          BeatLayout, Decider, Outcome, Row, Verdict)
-from jdtensor.errors import (OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE,
-                             PeerFailureError, reported_by, without_reported_by)
+from jdtensor._report import Reason
+from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE, PeerFailureError
 
 __all__ = ["Heartbeat", "BeatLayout", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE", "ROLL_CALL_GRACE",
            "IDLE_PERCENT", "exit_grace_for"]
@@ -158,12 +158,8 @@ class Heartbeat:
     self._joined_collective = store.joined_collective
     self._close_timeout = store.close_timeout
     self.recorder = recorder if recorder is not None else _Idle()
-    peers = peers if peers is not None else Peers()
-    self._announce, self._wait_peers_gone = peers.report, peers.wait_peers_gone
-    self._peers = peers
+    self._peers = peers if peers is not None else Peers()
     process = process if process is not None else ProcessHooks()
-    self._terminate, self._report = process.terminate, process.tell_launcher
-    self._on_failure = process.on_failure
     self._cpu, self._clock = process.cpu_seconds, process.clock
     self._process = process
     # Decides this client's beats where the exchange hands it every row (on
@@ -226,8 +222,8 @@ class Heartbeat:
     try:
       outcome = self._exchange.beat(row)  # type: ignore[union-attr]
     except Exception as e:  # pylint: disable=broad-except
-      self._fail(*self._missed(self._exchanged + 1, self.stuck_timeout,
-                               f" (the beat failed: {_first_line(e)})"))
+      self._fail_missed(self._exchanged + 1, self.stuck_timeout,
+                        f" (the beat failed: {_first_line(e)})")
       return None
     with self._beat_changed:
       self._last_beat = self._clock()
@@ -270,7 +266,7 @@ class Heartbeat:
       return
     if not result:
       detail = f" (it failed: {_first_line(errors[0])})" if errors else ""
-      self._fail(*self._missed(0, waited, detail))
+      self._fail_missed(0, waited, detail)
       return
     outcome = result[0]
     verdict = outcome.verdict
@@ -280,11 +276,11 @@ class Heartbeat:
       slots = np.asarray(verdict.tokens)
       logging.info("Merged heartbeat signal %s", slots)
       bad = np.flatnonzero(slots != token).tolist()
-      self._fail(f"heartbeat: Merged heartbeat signal has value != {token} "
+      self._fail(f"Merged heartbeat signal has value != {token} "
                  f"(clients {', '.join(map(str, bad))})", bad)
     else:
       logging.info("Merged heartbeat signal %s", np.asarray(verdict.tokens))
-      self._fail("heartbeat: Merged heartbeat signal has unequal elements "
+      self._fail("Merged heartbeat signal has unequal elements "
                  f"{list(verdict.tokens)}", list(range(n)))
     self.token = outcome.token
     self._last_beat = self._clock()
@@ -420,23 +416,23 @@ class Heartbeat:
     n = self.num_clients
     if verdict.kind == EARLY_EXIT:
       gone, waiting = list(verdict.culprits), list(verdict.waiting)
-      self._fail(f"heartbeat: {_names(gone)} exited (code 0) while the others "
+      self._fail(f"{_names(gone)} exited (code 0) while the others "
                  f"were still running ({_names(waiting)} "
                  f"{'wait' if len(waiting) > 1 else 'waits'} in a "
-                 "collective)", gone, told=True)
+                 "collective)", gone, subject=gone, told=True)
     elif verdict.kind == STALLED:
       staller = verdict.culprits[0]
       self._stalled(staller, verdict.seconds, beat,
                     [c for c in range(n) if c != staller])
     elif verdict.kind == ALL_WAITING:
-      text = (f"heartbeat: every client has waited in a collective for "
+      text = (f"every client has waited in a collective for "
               f"{int(self.stall_timeout)} s or more: a long computation, or a "
               "deadlock (clients that issued different collectives); this "
               f"client ({self.client_id}): main thread in {self.recorder.where()}")
       if self.stall_kill_all_waiting:
         self._fail(text, list(range(n)), told=True)
       else:
-        logging.warning("%s", text)
+        logging.warning("heartbeat: %s", text)
 
   def _stalled(self, staller: int, seconds: int, beat: int, waiters: list[int]
                ) -> None:
@@ -446,10 +442,10 @@ class Heartbeat:
       self._share(key, where)
     else:
       where = self._fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
-    self._fail(f"heartbeat: client {staller} stalled: main thread in {where} for "
+    self._fail(f"client {staller} stalled: main thread in {where} for "
                f"{seconds} s while {_names(waiters)} "
                f"{'wait' if len(waiters) > 1 else 'waits'} in a collective",
-               [staller], exit_code=(OWN_FAILURE_EXIT_CODE
+               [staller], subject=[staller], exit_code=(OWN_FAILURE_EXIT_CODE
                                      if staller == self.client_id else PEER_FAILURE_EXIT_CODE),
                told=True, culprit_wait=CULPRIT_EXIT_GRACE)  # It ends itself.
 
@@ -461,13 +457,13 @@ class Heartbeat:
     cluster_token = verdict.cluster_token
     if mine != self.token:
       # Only this client writes its slot: the exchange itself is broken.
-      self._fail(f"heartbeat: beat {self.beats} returned a wrong sum: this "
+      self._fail(f"beat {self.beats} returned a wrong sum: this "
                  f"client ({me}) sent token {self.token} but its slot holds "
                  f"{mine} (the cluster's token: {cluster_token})", [me],
                  exit_code=OWN_FAILURE_EXIT_CODE)
       return
     if me in verdict.culprits:
-      self._fail(f"heartbeat: this client ({me}) is out of sync: it sent token "
+      self._fail(f"this client ({me}) is out of sync: it sent token "
                  f"{self.token}, the cluster's is {cluster_token} in beat "
                  f"{self.beats}", [me], exit_code=OWN_FAILURE_EXIT_CODE)
       return
@@ -475,9 +471,9 @@ class Heartbeat:
     sent = ", ".join(str(t) for t in verdict.tokens[:_LISTED])
     if len(wrong) > _LISTED:
       sent += ", ..."
-    self._fail(f"heartbeat: {_names(wrong)} sent token {sent} instead of "
+    self._fail(f"{_names(wrong)} sent token {sent} instead of "
                f"{cluster_token} in beat {self.beats} (restarted or out of sync)",
-               wrong, told=True)
+               wrong, subject=wrong, told=True)
 
   def late_for_collective(self, waited: float) -> None:
     """This client's collective gave up after `waited` s setting up with a
@@ -488,13 +484,13 @@ class Heartbeat:
     if not late:
       return
     they = "they were" if len(late) > 1 else "it was"
-    self._fail(f"heartbeat: {_names(late)} did not join the collective the others "
+    self._fail(f"{_names(late)} did not join the collective the others "
                f"waited in within JAX's {waited:.0f} s communicator set-up time "
                f"(not configurable); {they} still in set-up, before {'their' if len(late) > 1 else 'its'} "
                "first collective. If a set-up is slow by design (loading data, "
                "compiling on one client), end it with a barrier "
                "(jdtensor.barrier, multihost_utils.sync_global_devices) so that "
-               "every client enters the first collective together", late)
+               "every client enters the first collective together", late, subject=late)
 
   # -- the watchdog -------------------------------------------------------------
 
@@ -515,7 +511,7 @@ class Heartbeat:
           if started is not None and now - started > self.stuck_timeout:
             break
       if not self.stopped.is_set():
-        self._fail(*self._missed(self._exchanged + 1, self.stuck_timeout, ""))
+        self._fail_missed(self._exchanged + 1, self.stuck_timeout, "")
     except BaseException as e:  # pylint: disable=broad-except
       self._own_failure(e)
 
@@ -524,18 +520,24 @@ class Heartbeat:
       what = (f"did not run for {seconds:.1f} s (stopped, swapped out, or its "
               "GIL held by C code), longer than the stuck time-out "
               f"({self.stuck_timeout:g} s)")
-      self._fail(f"heartbeat: this client ({self.client_id}) {what}; the others "
+      self._fail(f"this client ({self.client_id}) {what}; the others "
                  "count it as stuck", [self.client_id],
                  exit_code=OWN_FAILURE_EXIT_CODE,
-                 public=f"heartbeat: client {self.client_id} {what}")
+                 public=Reason(f"client {self.client_id} {what}", (self.client_id,)))
     else:
       logging.warning("heartbeat: this client (%d) did not run for %.1f s "
                       "(within the stuck time-out, %g s)", self.client_id,
                       seconds, self.stuck_timeout)
 
+  def _fail_missed(self, beat: int, waited: float, detail: str) -> None:
+    """A beat did not complete: names whom `_missed` finds."""
+    text, ids, subject = self._missed(beat, waited, detail)
+    self._fail(text, ids, subject=subject)
+
   def _missed(self, beat: int, waited: float, detail: str
-              ) -> tuple[str, list[int]]:
-    """What to say about a beat that did not complete, and whom to name.
+              ) -> tuple[str, list[int], list[int]]:
+    """What to say about a beat that did not complete, whom to name, and
+    whom the text begins with.
 
     A roll call: every healthy client blocked in the same beat answers it
     within a moment; the ones that do not are the culprits.
@@ -543,13 +545,13 @@ class Heartbeat:
     others = [c for c in range(self.num_clients) if c != self.client_id]
     present = self._roll_call(beat, ROLL_CALL_GRACE)
     if present is None:
-      return (f"heartbeat: beat {beat} did not complete within {waited:g} s"
+      return (f"beat {beat} did not complete within {waited:g} s"
               f"{detail}; the heartbeat's coordination service (client 0) is "
-              "unreachable", [0])
+              "unreachable", [0], [])
     missing = [c for c in others if c not in present]
     if not missing:
-      return (f"heartbeat: beat {beat} did not complete within {waited:g} s "
-              f"although every client started it{detail}", others)
+      return (f"beat {beat} did not complete within {waited:g} s "
+              f"although every client started it{detail}", others, [])
     if beat == 0:
       text = f"{_names(missing)} did not start the heartbeat within {waited:g} s"
     else:
@@ -559,7 +561,7 @@ class Heartbeat:
       if finished:
         text += (f"; {_names(finished)} had ended {'their' if len(finished) > 1 else 'its'} "
                  "script and left after waiting for the others")
-    return f"heartbeat: {text}{detail}", missing
+    return f"{text}{detail}", missing, missing
 
   # -- failure ------------------------------------------------------------------
 
@@ -570,10 +572,13 @@ class Heartbeat:
             "raise": "raising PeerFailureError at the next jdtensor call",
             "log": "carrying on (policy 'log')"}[self.policy]
 
-  def _fail(self, core: str, ids: list[int], exit_code: int = PEER_FAILURE_EXIT_CODE,
-            public: str | None = None, told: bool = False,
+  def _fail(self, detail: str, ids: list[int], *, subject: list[int] | tuple[int, ...] = (),
+            reporter: int | None = None, exit_code: int = PEER_FAILURE_EXIT_CODE,
+            public: Reason | None = None, told: bool = False,
             culprit_wait: float = 0.0) -> None:
-    """Records a failure (`core` says what happened) and applies the policy.
+    """Records a failure and applies the policy: `detail` says what happened,
+    `subject` are the clients it begins with, `reporter` the client whose
+    report was relayed here (see `Reason`).
 
     A failure that names other clients is told to every client (and to the
     launcher); one that names this client is told as `public`, if given
@@ -588,7 +593,8 @@ class Heartbeat:
       if self.failure is not None or self.exiting == "failed":
         return
       own = exit_code != PEER_FAILURE_EXIT_CODE
-      message = f"{core}; {self._consequence()}"
+      reason = Reason(detail, tuple(subject), reporter)
+      message = f"{reason.heartbeat_line()}; {self._consequence()}"
       error = PeerFailureError(message, tuple(ids))
       self.failure = error
       self.culprit_wait = culprit_wait  # For a way out on another thread.
@@ -602,12 +608,12 @@ class Heartbeat:
     leaving = self.terminating
     if culprits:
       if not told:
-        self._announce(culprits, core)
-      self._report(culprits, core, leaving)
+        self._peers.report(culprits, reason)
+      self._process.tell_launcher(culprits, reason, leaving)
     elif own:
-      self._report([self.client_id], public or core, leaving)
+      self._process.tell_launcher([self.client_id], public or reason, leaving)
       if public is not None:
-        self._announce([self.client_id], public)
+        self._peers.report([self.client_id], public)
     if self.terminating:
       # One plain line, certain to be seen, then exit without JAX's shutdown
       # barrier (it would wait for the failed client).
@@ -624,13 +630,13 @@ class Heartbeat:
         # Not for a culprit that may never end (stalled, stopped); but one
         # that announced its departure is on its way out: ending the services
         # under it would abort it from C++ (JAX's error poll).
-        self._wait_peers_gone(HOST_EXIT_WAIT, [c for c in error.client_ids
-                                               if c not in self.leaving])
-      self._terminate(exit_code)
+        self._peers.wait_peers_gone(HOST_EXIT_WAIT, [c for c in error.client_ids
+                                                     if c not in self.leaving])
+      self._process.terminate(exit_code)
       return
     logging.error("%s", message)
     if self.policy == "raise" and self.exiting is None:
-      self._on_failure(error)
+      self._process.on_failure(error)
     self.stopped.set()
     with self._beat_changed:
       self._beat_changed.notify_all()
@@ -639,9 +645,9 @@ class Heartbeat:
     """An exception in the heartbeat's own code: this client's failure."""
     trace = "".join(traceback.format_exception(error)).rstrip()
     what = f"heartbeat failed in its own code: {type(error).__name__}: {error}"
-    self._fail(f"heartbeat: this client's ({self.client_id}) {what}\n{trace}\n",
+    self._fail(f"this client's ({self.client_id}) {what}\n{trace}\n",
                [self.client_id], exit_code=OWN_FAILURE_EXIT_CODE,
-               public=f"heartbeat: client {self.client_id}'s {what}")
+               public=Reason(f"client {self.client_id}'s {what}", (self.client_id,)))
 
   # -- events from the liveness links -------------------------------------------
 
@@ -650,34 +656,35 @@ class Heartbeat:
     if self.stopped.is_set() and self.failure is None:
       return  # We already stopped by agreement; a late exit is not a failure.
     if self._exchange is None:  # Links only: there are no beats to speak of.
-      self._fail(f"heartbeat: client {client} is gone ({how})", [client])
+      self._fail(f"client {client} is gone ({how})", [client], subject=[client])
       return
     age = self._clock() - self._last_beat
-    self._fail(f"heartbeat: client {client} missed beat {self._exchanged + 1} (last "
-               f"seen {age:.1f} s ago; {how})", [client], culprit_wait=CULPRIT_EXIT_GRACE)
+    self._fail(f"client {client} missed beat {self._exchanged + 1} (last "
+               f"seen {age:.1f} s ago; {how})", [client], subject=[client],
+               culprit_wait=CULPRIT_EXIT_GRACE)
 
-  def peer_reported(self, clients: list[int], why: str, reporter: int) -> None:
-    """Another client found `clients` failed (relayed by the liveness links)."""
+  def peer_reported(self, clients: list[int], reason: Reason) -> None:
+    """Another client (`reason.reporter`) found `clients` failed (relayed by
+    the liveness links)."""
     if self.stopped.is_set() and self.failure is None:
       return
     # Named ourselves (e.g. we were frozen, or stalled): we are the root cause.
-    # Said once: a relayed report already says who reported it first.
-    if without_reported_by(why) == why:
-      why = reported_by(why, reporter)
-    self._fail(why, clients,
+    self._fail(reason.detail, clients, subject=reason.subject, reporter=reason.reporter,
                exit_code=(OWN_FAILURE_EXIT_CODE if self.client_id in clients
                           else PEER_FAILURE_EXIT_CODE), told=True,
                culprit_wait=REPORTED_CULPRIT_WAIT)
 
-  def peer_left(self, client: int, code: int, why: str, failure: bool) -> None:
-    """A client announced it is leaving: with a failure, or finished."""
+  def peer_left(self, client: int, code: int, why: str, failure: bool,
+                raised: bool = False) -> None:
+    """A client announced it is leaving: with a failure (`raised`: an
+    exception; else a non-zero exit code), or finished."""
     self.leaving.add(client)
     if not failure:
       self.departed[client] = self._clock()
       return
-    if why.startswith("exited") and self.exiting is None:
+    if not raised and self.exiting is None:
       why += " while the others were still running"
-    self._fail(f"heartbeat: client {client} {why}", [client], told=True,
+    self._fail(f"client {client} {why}", [client], subject=[client], told=True,
                culprit_wait=CULPRIT_EXIT_GRACE)  # On its way out.
 
   def peer_notice(self, client: int, text: str) -> None:

@@ -26,7 +26,10 @@ __all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "run_id",
 # 5: client 0 says on the links when its JAX service listens (``service``).
 # 6: a GPU client's hello names its GPUs; ``go`` says how many clients share
 #    its most shared GPU (``sharing``).
-PROTOCOL = 6
+# 7: a hello says the address family of its collectives (``family``); a link
+#    report carries its detail and subject as fields, a departure whether it
+#    raised (``raised``).
+PROTOCOL = 7
 # At most this many GPUs in a hello, each named in at most MAX_GPU_TEXT
 # characters (a node has a handful; a MIG-sliced one a few dozen).
 MAX_GPUS = 256

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from jdtensor._report import Reason
 from jdtensor._wire import Frames, encode, encode_binary
 
 __all__ = ["Links", "LINK_FRAME", "SERVICE_UP"]
@@ -120,9 +121,9 @@ class Links:
   from a daemon thread:
 
   * ``peer_died(client, how)``: a linked process ended without a goodbye;
-  * ``peer_reported(clients, why, reporter)``: a client reports `clients`
-    failed (this client included, when it is the one named);
-  * ``peer_left(client, code, why, failed)``: a client announces it is
+  * ``peer_reported(clients, reason)``: a client (`reason.reporter`) reports
+    `clients` failed (this client included, when it is the one named);
+  * ``peer_left(client, code, why, failed, raised)``: a client announces it is
     leaving, with its exit code and reason;
   * ``peer_notice(client, text)``: something the others should know;
   * ``service_up()``: client 0's JAX coordination service listens (said
@@ -284,10 +285,13 @@ class Links:
     try:
       if "failed" in message:
         self._emit("peer_reported", [int(c) for c in message["failed"]],  # type: ignore[union-attr]
-                   str(message.get("why", "")), int(message.get("by", client)))  # type: ignore[arg-type]
+                   Reason(str(message.get("why", "")),
+                          tuple(int(c) for c in message.get("subject", ())),  # type: ignore[union-attr]
+                          int(message.get("by", client))))  # type: ignore[arg-type]
       elif "left" in message:
         self._emit("peer_left", int(message["left"]), int(message.get("code", 0)),  # type: ignore[arg-type]
-                   str(message.get("why", "")), bool(message.get("failure")))
+                   str(message.get("why", "")), bool(message.get("failure")),
+                   bool(message.get("raised")))
       elif "notice" in message:
         self._emit("peer_notice", int(message.get("by", client)),  # type: ignore[arg-type]
                    str(message["notice"]))
@@ -383,8 +387,9 @@ class Links:
     skipped (its end of stream tells)."""
     self._send(message, skip=skip, only=to)
 
-  def report(self, clients: Sequence[int], why: str) -> None:
-    """Tells every other client which clients failed and why.
+  def report(self, clients: Sequence[int], reason: Reason) -> None:
+    """Tells every other client which clients failed and why (this client
+    is the reporter).
 
     Sent before this process's connections close, so every client learns the
     culprit rather than blaming this process's exit; the culprits hear it
@@ -394,14 +399,16 @@ class Links:
       with self._lock:
         self._reported.update(int(c) for c in clients)
       self._mark_culprits([int(c) for c in clients])
-    self._send({"failed": [int(c) for c in clients], "why": why,
-                "by": self.client_id})
+    self._send({"failed": [int(c) for c in clients], "why": reason.detail,
+                "subject": [int(c) for c in reason.subject], "by": self.client_id})
 
-  def announce_departure(self, code: int, why: str, failure: bool) -> None:
-    """Tells every other client that this one is leaving with a `failure`,
-    and why; a normal departure reaches client 0 only."""
+  def announce_departure(self, code: int, why: str, failure: bool,
+                         raised: bool = False) -> None:
+    """Tells every other client that this one is leaving with a `failure`
+    (`raised`: an exception), and why; a normal departure reaches client 0
+    only."""
     self._send({"left": self.client_id, "code": int(code), "why": why,
-                "failure": bool(failure)})
+                "failure": bool(failure), "raised": bool(raised)})
 
   def notice(self, text: str) -> None:
     """Tells every other client something worth logging."""

@@ -129,7 +129,7 @@ def test_an_uncaught_exception_is_read_from_sys_last_value(guard, monkeypatch):
                                 "last_value)")
   monkeypatch.setattr(sys, "last_value", KeyboardInterrupt(), raising=False)
   assert guard.departure_now() == departure_mod.Departure(
-      130, "failed: KeyboardInterrupt", True)
+      130, "failed: KeyboardInterrupt", True, exception="KeyboardInterrupt")
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")

@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 
 from jdtensor._env import HeartbeatSettings
+from jdtensor._report import Reason
 from jdtensor._wire import encode, encode_binary
 from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
@@ -269,8 +270,8 @@ class _Recorded(ProcessHooks):
   def __init__(self):
     self.reported = []
 
-  def tell_launcher(self, clients, why, leaving):
-    self.reported.append((clients, why))
+  def tell_launcher(self, clients, reason, leaving):
+    self.reported.append((clients, reason.heartbeat_line()))
 
   def terminate(self, code):
     raise AssertionError("policy log never exits")
@@ -353,10 +354,10 @@ def test_client_0_relays_a_report_only_when_it_names_someone_new(star):
   heard = []
 
   class Ear:
-    def peer_reported(self, clients, why, reporter):
-      heard.append((clients, reporter))
+    def peer_reported(self, clients, reason):
+      heard.append((clients, reason.reporter))
 
-    def peer_left(self, client, code, why, failed):
+    def peer_left(self, client, code, why, failed, raised):
       heard.append(("left", client, failed))
   s.links[3].watch(Ear())
 
@@ -366,11 +367,11 @@ def test_client_0_relays_a_report_only_when_it_names_someone_new(star):
     deadline = time.monotonic() + 5
     while len(heard) < n and time.monotonic() < deadline:
       time.sleep(0.01)
-  s.links[1].report([2], "client 2 missed beat 4")
+  s.links[1].report([2], Reason("client 2 missed beat 4"))
   heard_at_least(1)
-  s.links[2].report([2], "this client (2) was frozen")  # The same name again.
+  s.links[2].report([2], Reason("this client (2) was frozen"))  # The same name again.
   s.links[1].announce_departure(0, "finished", False)
-  s.links[1].report([2, 1], "clients 1, 2 missed beat 5")  # Someone new.
+  s.links[1].report([2, 1], Reason("clients 1, 2 missed beat 5"))  # Someone new.
   heard_at_least(2)
   s.links[2].announce_departure(3, "exited (code 3)", True)
   heard_at_least(3)
@@ -474,18 +475,18 @@ def test_client_0_tells_every_client_when_a_culprit_has_ended(star):
   heard = []
 
   class Ear:
-    def peer_reported(self, clients, why, reporter):
+    def peer_reported(self, clients, reason):
       heard.append(clients)
   s.links[3].watch(Ear())
   s.links[2]._sockets[0].close()  # pylint: disable=protected-access  # Client 2 dies...
   assert not s.links[3].wait_ended([2], 0.3)  # ... not yet named.
-  s.links[1].report([2], "client 2 is gone")
+  s.links[1].report([2], Reason("client 2 is gone"))
   assert s.links[3].wait_ended([2], 5) and s.links[1].wait_ended([2], 5)
-  s.links[1].report([2], "client 2 is gone")  # Named again: told once.
+  s.links[1].report([2], Reason("client 2 is gone"))  # Named again: told once.
   s.links[3]._sockets[0].close()  # pylint: disable=protected-access  # A survivor's end.
   assert s.links[0].wait_ended([3], 5)  # Client 0 sees it...
   assert not s.links[1].wait_ended([3], 0.3)  # ... and tells nobody.
   sent = []
   s.links[0]._send = lambda message, **kw: sent.append(message)  # pylint: disable=protected-access
-  s.links[0].report([1], "client 1 left")  # Named while alive: nothing yet.
-  assert sent == [{"failed": [1], "why": "client 1 left", "by": 0}]
+  s.links[0].report([1], Reason("client 1 left"))  # Named while alive: nothing yet.
+  assert sent == [{"failed": [1], "why": "client 1 left", "subject": [], "by": 0}]

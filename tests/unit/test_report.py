@@ -4,7 +4,7 @@ no process (jdtensor._report)."""
 import pytest
 
 from jdtensor._ids import ids_text
-from jdtensor._report import ClientEnd, Report, root_cause, summary
+from jdtensor._report import ClientEnd, Reason, Report, root_cause, summary
 
 ZDE = "ZeroDivisionError: division by zero (train.py:42 in step)"
 
@@ -15,55 +15,75 @@ def ends(*codes, at=None):
           for c, code in enumerate(codes)]
 
 
-def verdict(client, culprits, why, at=99.0):
-  return Report(client, tuple(culprits), why, at, False)
+def verdict(client, culprits, detail, subject=None, reporter=None, at=99.0):
+  """A verdict as the heartbeat reports it: `subject` defaults to the
+  culprits (the heartbeat's texts name them first)."""
+  reason = Reason(detail, tuple(culprits if subject is None else subject), reporter)
+  return Report(client, tuple(culprits), reason.heartbeat_line(), at, False,
+                detail=reason.detail, subject=reason.subject, reporter=reporter)
 
 
-def departure(client, why, at):
-  return Report(client, (client,), why, at, True)
+def departure(client, exception, at, code=None):
+  """A departure: an `exception`'s description, or (`code`) an exit."""
+  why = f"exited (code {code})" if code is not None else f"failed: {exception}"
+  return Report(client, (client,), why, at, True, detail=exception)
 
 
 CASES = [
     # An exception: the root cause with its reason.
-    ("exception", ends(75, 1, 75), {1: departure(1, f"failed: {ZDE}", 100.5)},
+    ("exception", ends(75, 1, 75), {1: departure(1, ZDE, 100.5)},
      (1, f"client 1 exited with code 1: {ZDE}", True, 1)),
     # Client 0 fails first by its own account and leaves last (it hosts the
     # services): it is the root cause, not client 1 that ended first.
     ("client-0-leaves-last", ends(1, 1, at={0: 103.0, 1: 101.0}),
-     {0: departure(0, "failed: boom", 100.2)},
+     {0: departure(0, "boom", 100.2)},
      (0, "client 0 exited with code 1: boom", True, 1)),
     # sys.exit(3): the code says it all.
-    ("exit-3", ends(75, 3, 75), {1: departure(1, "exited (code 3)", 100.1)},
+    ("exit-3", ends(75, 3, 75), {1: departure(1, "", 100.1, code=3)},
      (1, "client 1 exited with code 3", True, 3)),
     # A SIGKILL: no report at all.
     ("sigkill", ends(75, -9, 75), {}, (1, "client 1 was killed by SIGKILL", True, 137)),
     # The staller names itself (70) with its verdict.
     ("staller", ends(75, 75, 70, 75),
-     {c: verdict(c, [2], "heartbeat: client 2 stalled: main thread in data.py:88 "
-                 "next_batch for 4 s while clients 0, 1, 3 wait in a collective"
-                 + (" (reported by client 1)" if c == 3 else "")) for c in range(4)},
+     {c: verdict(c, [2], "client 2 stalled: main thread in data.py:88 "
+                 "next_batch for 4 s while clients 0, 1, 3 wait in a collective",
+                 reporter=1 if c == 3 else None) for c in range(4)},
      (2, "client 2 exited with code 70: client 2 stalled: main thread in data.py:88 "
          "next_batch for 4 s while clients 0, 1, 3 wait in a collective", True, 70)),
     # An early sys.exit(0) with 4 clients: every survivor is a consequence
     # (75); the root cause is the one they name, never a healthy client.
     ("early-exit-0", ends(75, 0, 75, 75),
-     {c: verdict(c, [1], "heartbeat: client 1 exited (code 0) while the others were "
+     {c: verdict(c, [1], "client 1 exited (code 0) while the others were "
                  "still running (clients 0, 2, 3 wait in a collective)") for c in (0, 2, 3)},
      (1, "client 1 exited (code 0) while the others were still running (clients 0, 2, 3 "
          "wait in a collective) (named by clients 0, 2, 3)", False, 1)),
     # A first collective too late: the late client (70, its own verdict) is
     # the cause, never a waiter.
     ("late-first-collective", ends(75, 75, 75, 70),
-     {c: verdict(c, [3], "heartbeat: client 3 did not join the collective the others "
+     {c: verdict(c, [3], "client 3 did not join the collective the others "
                  "waited in within JAX's 30 s communicator set-up time") for c in range(4)},
      (3, "client 3 exited with code 70: client 3 did not join the collective the others "
          "waited in within JAX's 30 s communicator set-up time", True, 70)),
     # Only consequences ended, the culprit still runs (stalled, or stopped).
     ("culprit-still-running", ends(75, None, 75),
-     {0: verdict(0, [1], "heartbeat: client 1 missed beat 9 (last seen 8.1 s ago)"),
-      2: verdict(2, [1], "heartbeat: client 1 missed beat 9 (last seen 8.1 s ago) "
-                 "(reported by client 0)")},
+     {0: verdict(0, [1], "client 1 missed beat 9 (last seen 8.1 s ago)"),
+      2: verdict(2, [1], "client 1 missed beat 9 (last seen 8.1 s ago)", reporter=0)},
      (1, "client 1 missed beat 9 (last seen 8.1 s ago) (named by clients 0, 2)", False, 1)),
+    # A verdict that does not begin with its culprit: the summary names it.
+    ("beat-not-completed", ends(75, None, 75),
+     {0: verdict(0, [1, 2], "beat 7 did not complete within 8 s although every "
+                 "client started it", subject=()),
+      2: verdict(2, [1], "clients 1, 3 missed beat 7 (last seen 8.0 s ago)",
+                 subject=(1, 3))},
+     (1, "client 1: beat 7 did not complete within 8 s although every client started "
+         "it (named by clients 0, 2)", False, 1)),
+    # The heartbeat's own wording of a verdict never decides the root cause:
+    # a reworded text names the same client.
+    ("reworded", ends(75, None, 75),
+     {0: verdict(0, [1], "lost contact with client 1 at beat 9", subject=()),
+      2: verdict(2, [1], "lost contact with client 1 at beat 9", subject=(), reporter=0)},
+     (1, "client 1: lost contact with client 1 at beat 9 (named by clients 0, 2)",
+      False, 1)),
     # Nobody reported anything: the first to end.
     ("no-reports", ends(75, 75, at={0: 102.0, 1: 101.0}), {},
      (1, "client 1 exited with code 75", False, 75)),
@@ -98,12 +118,24 @@ def test_summary_lines(kwargs, line):
   assert summary(**kwargs) == line
 
 
-def test_a_report_round_trips_and_bad_files_are_skipped(tmp_path):
-  Report(2, (2,), "failed: boom", 12.5, True).write(str(tmp_path))
+@pytest.mark.parametrize("report", [
+    Report(2, (2,), "failed: boom", 12.5, True, detail="boom"),
+    Report(3, (1, 4), "heartbeat: clients 1, 4 missed beat 3 (reported by client 0)",
+           9.0, False, True, "clients 1, 4 missed beat 3", (1, 4), 0),
+], ids=["departure", "relayed-verdict"])
+def test_a_report_round_trips_and_bad_files_are_skipped(tmp_path, report):
+  report.write(str(tmp_path))
   (tmp_path / "client-9.json").write_text("{not json")
   (tmp_path / "other.txt").write_text("x")
-  assert Report.read_all(str(tmp_path)) == {2: Report(2, (2,), "failed: boom", 12.5, True)}
+  assert Report.read_all(str(tmp_path)) == {report.client: report}
   assert Report.read_all(str(tmp_path / "gone")) == {}
+
+
+def test_the_line_for_people_is_made_from_the_fields():
+  assert Reason("client 2 missed beat 4", (2,)).heartbeat_line() == (
+      "heartbeat: client 2 missed beat 4")
+  assert Reason("client 2 missed beat 4", (2,), 0).heartbeat_line() == (
+      "heartbeat: client 2 missed beat 4 (reported by client 0)")
 
 
 def test_finished_clients_are_recorded_by_marker(tmp_path):
