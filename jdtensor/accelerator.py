@@ -224,7 +224,7 @@ def _forget_jax_objects() -> None:
   Kept, they kept JAX's CPU backend alive until Python's finalisation cleared
   jdtensor's modules, and with it gloo's event loop, which wakes every 10 ms:
   through the whole finalisation instead of its first tenth as in raw JAX
-  (about 300 more wake-ups a client at 32 clients on 2 cores; issue #23).
+  (about 300 more wake-ups a client at 32 clients on 2 cores).
   """
   from jdtensor.runtime import interop  # pylint: disable=g-import-not-at-top
   runtime.forget_devices()

@@ -383,9 +383,9 @@ def _wait_for_the_agreed_end(hb: Heartbeat, patience: float, me: int) -> bool:
                   "s" if len(others) != 1 else "", ", ".join(map(str, others)) or "?")
   while not hb.stopped.wait(hb.period):
     # The thread sets `stopped` before it ends: one that ended between the
-    # wait and this check has ended the heartbeat (seen once in CI: a client
-    # that took this for a lost heartbeat skipped JAX's shutdown barrier,
-    # and the others' barrier aborted them).
+    # wait and this check has ended the heartbeat (a client that took this
+    # for a lost heartbeat would skip JAX's shutdown barrier, and the others'
+    # barrier would abort them).
     if not hb.running() and not hb.stopped.is_set():
       return False
   return True

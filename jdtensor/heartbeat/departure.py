@@ -215,7 +215,7 @@ def before_finalisation() -> None:
   Python's finalisation runs three full collections of every tracked object
   (about 100,000 once JAX is imported): one after the exit handlers, two
   while it tears the modules down. They cost 0.12 s of a clean exit's 0.2 s
-  of CPU a client (issue #23). The first is kept: what is garbage once the
+  of CPU a client. The first is kept: what is garbage once the
   exit handlers ran is collected as without jdtensor (JAX's CPU client, once
   JAX's exit handler let it go). Right after it the objects still alive are
   frozen out of the collector (`gc.freeze`), and the teardown is otherwise

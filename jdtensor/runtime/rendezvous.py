@@ -261,7 +261,7 @@ def announce_service(coordinator: str, deadline: Deadline, links: Links) -> thre
   ``jax.distributed.initialize``, which starts the service and then waits
   for every client). One process polls the service instead of every other
   client: on an oversubscribed machine the others' polls took CPU from
-  client 0, the one process they all waited for (issue #23). If the service
+  client 0, the one process they all waited for. If the service
   never comes up, nothing is said: client 0's own start-up fails and its
   process's end reaches the others on the links.
   """

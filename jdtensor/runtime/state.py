@@ -64,7 +64,7 @@ class RuntimeState:
   _device_table: dict[tuple[str, int], list[Any]]
 
   # A plain class, not a dataclass: a dataclass costs a client about 1 ms
-  # to create at import, on every client's start-up (issue #23).
+  # to create at import, on every client's start-up.
   def __init__(self) -> None:
     self.tpu_meshes = {}
     self._device_table = {}

@@ -269,7 +269,7 @@ def test_sigkill_of_the_launcher_leaves_no_process(command):
   assert not left, f"left behind: {left}"
 
 
-# -- values that used to pass validation and then fail badly ---------------------------
+# -- values that must fail validation, not later and badly ----------------------------
 
 BAD_VALUES = [
     ("port-arabic-digits", {"DTENSOR_JOBS": "localhost:٤٥٦٧١,localhost:2"},

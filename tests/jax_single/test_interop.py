@@ -157,7 +157,7 @@ def test_gpu_mesh_on_cpu_only_machine_is_clear(devices):
 
 
 def test_everything_works_again_after_the_caches_of_jax_objects_are_dropped(mesh):
-  """What a clean exit drops (issue #23) is rebuilt on the next call."""
+  """What a clean exit drops is rebuilt on the next call."""
   from jdtensor import accelerator, api, runtime  # pylint: disable=g-import-not-at-top
   from jdtensor.runtime import interop  # pylint: disable=g-import-not-at-top
   layout = Layout(["batch", UNSHARDED], mesh)

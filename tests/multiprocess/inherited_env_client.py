@@ -1,4 +1,4 @@
-"""A client that starts a second runtime where it cannot (issue #44):
+"""A client that starts a second runtime where it cannot:
 
 * ``MODE=jax-first``: ``jax.distributed.initialize`` by hand, then
   ``initialize_accelerator_system``;

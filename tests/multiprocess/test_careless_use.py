@@ -1,4 +1,4 @@
-"""The launcher and start-up under careless use (issue #44): closed
+"""The launcher and start-up under careless use: closed
 terminals and impatient Ctrl-C's, huge output, inherited environments,
 mixed address families. Each group is one parametrised test with deadlines,
 asserting exit codes, timing and the exact lines."""

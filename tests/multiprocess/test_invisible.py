@@ -53,7 +53,7 @@ def test_jax_frees_its_backend_at_exit_as_without_jdtensor(devices):
   """After a clean end and JAX's own exit handler, nothing of jdtensor's
   keeps JAX's CPU client alive (its cached devices, meshes and compiled
   functions are dropped first), as with raw jax.distributed: kept, gloo's
-  event loop ran on through Python's whole finalisation (issue #23).
+  event loop ran on through Python's whole finalisation.
 
   JAX 0.10 frees it then; JAX 0.9 keeps it itself (raw JAX reads False
   there), so jdtensor's clients must read what raw JAX's read."""

@@ -39,7 +39,7 @@ def test_the_root_cause_is_who_failed_first_by_its_own_account():
       path = os.path.join(os.environ["JDTENSOR_REPORT_DIR"], "client-0.json")
       with open(path, "w") as f:
         json.dump({"client": 0, "culprits": [0], "why": "failed: boom",
-                   "at": time.time(), "departure": True}, f)
+                   "at": time.time(), "departure": True, "detail": "boom"}, f)
       time.sleep(1.0)
     else:
       time.sleep(0.3)
@@ -51,7 +51,7 @@ def test_the_root_cause_is_who_failed_first_by_its_own_account():
                         out=out, err=err)
   assert res.returncodes == [1, 1], err.getvalue()
   assert res.first_failure == 0
-  # With the reason it gave the others (its report's "failed: boom").
+  # With the reason its report gives (its "detail").
   assert res.reason == ("jdtensor launch: client 0 exited with code 1: boom; stopped "
                         "clients none (also: client 1 exited with code 1)")
 

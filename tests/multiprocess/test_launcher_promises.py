@@ -1,4 +1,4 @@
-"""The launcher's promises as a user meets them (issue #20, first part):
+"""The launcher's promises as a user meets them:
 the root cause with its reason, exactly the clients stopped, a time-out
 never restarted, nothing left behind on success, a gone reader, strict
 numbers, a clear error for an environment too large."""

@@ -1,4 +1,4 @@
-"""The heartbeat's verdicts in the shapes users run (issue #19): one device
+"""The heartbeat's verdicts in the shapes users run: one device
 per client (the launcher's default) and two, a result kept or read as a
 temporary, late starts and late ends, Python's exit rules, JAX's thread guard.
 

@@ -281,7 +281,7 @@ def test_bind_address_must_be_a_string():
 
 
 def test_a_cluster_read_parses_dtensor_jobs_once(monkeypatch):
-  """Every check of one read uses the same parse (issue #22: it was 4)."""
+  """Every check of one read uses the same parse, once."""
   calls = []
   from jdtensor._env import cluster_env  # pylint: disable=g-import-not-at-top
   real = cluster_env.parse_jobs

@@ -18,7 +18,6 @@ from jdtensor._report import Reason
 from jdtensor.heartbeat import protocol, verdicts
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
-from jdtensor.errors import ConfigError
 from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 
 

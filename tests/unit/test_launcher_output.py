@@ -1,11 +1,10 @@
-"""What the launcher shows of its clients' output, and its command line."""
+"""What the launcher shows of its clients' output (`jdtensor.launcher.output`)."""
 
 import io
 import time
 
 import pytest
 
-from jdtensor import cli
 from jdtensor.launcher import output
 from jdtensor.launcher.output import Output, segments
 
@@ -125,16 +124,6 @@ def test_fragments_only_right_after_a_notice():
   Output(sink, sink).pump(1, SlowPipe([("x\n" + GLOO + "\n").encode(), b"\n"]), sink)
   # The first empty line came within the window (dropped); the second after.
   assert sink.getvalue() == "[client 1] x\n[client 1] \n"
-
-
-def test_help_lists_only_public_commands(capsys):
-  try:
-    cli.main(["--help"])
-  except SystemExit:
-    pass
-  text = capsys.readouterr().out
-  assert "{launch,demo,env,status}" in text
-  assert "demo-client" not in text and "SUPPRESS" not in text
 
 
 def test_progress_updates_are_passed_on_as_they_come():

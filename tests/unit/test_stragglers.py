@@ -1,19 +1,18 @@
-"""Stragglers and live status: the waiting ledger, the heartbeat naming a
-straggler on every client, and the files `jdtensor status` reads and prints.
+"""Stragglers: the waiting ledger, the heartbeat naming a straggler on every
+client, and the waits it records at the end (`jdtensor.heartbeat.stragglers`).
 
-The multi-client test (real processes, `jdtensor launch`, `jdtensor status`)
-is tests/multiprocess/test_status.py.
+The files `jdtensor status` reads: tests/unit/test_status.py; the
+multi-client test (real processes, `jdtensor launch`, `jdtensor status`):
+tests/multiprocess/test_status.py.
 """
 
 import logging
-import os
-import stat
 import time
 
 import numpy as np
 import pytest
 
-from jdtensor import _env, _status, heartbeat
+from jdtensor import _env, heartbeat
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 from tests.unit.test_heartbeat_protocol import (Hooks, Recorder, Store, SumExchange,
@@ -148,119 +147,3 @@ def test_status_is_published_only_when_asked_and_the_waits_at_the_end():
   (shares0, seconds0), = hooks[0].waits
   (shares1, _), = hooks[1].waits
   assert shares0 == pytest.approx(shares1, abs=5) and shares0[1] > 90 and seconds0 > 0
-
-
-# -- the files `jdtensor status` reads, and what it prints ---------------------
-
-
-@pytest.fixture
-def runs_home(tmp_path, monkeypatch):
-  monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-  return tmp_path / "jdtensor"
-
-
-def test_runs_are_registered_in_a_private_directory_and_dead_ones_dropped(runs_home):
-  path = _status.register_run({"pid": os.getpid(), "report_dir": "/x", "started": 1.0})
-  assert stat.S_IMODE(os.stat(runs_home).st_mode) == 0o700
-  assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-  dead = _status.register_run({"pid": 2**22 + 12345, "report_dir": "/y", "started": 0})
-  assert [r["report_dir"] for r in _status.running_runs()] == ["/x"]
-  assert not os.path.exists(dead)  # A launcher that was SIGKILLed left it.
-  _status.unregister_run(path)
-  assert _status.running_runs() == []
-
-
-def test_a_directory_open_to_others_is_never_used(runs_home):
-  runs_home.mkdir(mode=0o777)
-  os.chmod(runs_home, 0o777)
-  assert _status.register_run({"pid": os.getpid(), "report_dir": "/x"}) is None
-  assert _status.running_runs() == []
-
-
-def test_a_request_is_answered_for_a_while_then_not(tmp_path):
-  assert not _status.status_requested(str(tmp_path))
-  asked = _status.request_status(str(tmp_path))
-  assert _status.status_requested(str(tmp_path))
-  assert not _status.status_requested(str(tmp_path), now=asked + _status.REQUEST_SECONDS)
-
-
-RUN = {"pid": 4242, "command": ["python", "train.py"], "num_clients": 4,
-       "client_ids": [0, 1, 2, 3], "restarts": 0, "started": 1000.0}
-VIEW = {"beats": 36, "phases": [W, W, W, R], "seconds": [0, 0, 1, 2],
-        "busy": [3, 4, 3, 2], "waiting": [71.0, 70.0, 72.0, 0.0],
-        "waited_for": [0.0, 0.0, 0.0, 71.0], "window": 60.0, "threshold": 30.0}
-
-
-def test_the_status_table_one_row_per_client():
-  statuses = {c: {**VIEW, "client": c, "where": f"train.py:{50 + c} step",
-                  "rss_mib": 400.0 + c, "restarts": 0, "at": 1071.5} for c in (0, 1, 2)}
-  statuses[3] = {**VIEW, "client": 3, "where": "data.py:88 next_batch <- train.py:49 main",
-                 "rss_mib": 405.2, "restarts": 0, "at": 1071.0}
-  text = _status.format_status(RUN, statuses, now=1072.0)
-  lines = text.splitlines()
-  assert lines[0].startswith("jdtensor launch (pid 4242): 4 client(s), `python train.py`, "
-                             "up 1 min 12 s, restarts 0, at ")
-  assert lines[2].split() == ["client", "phase", "for", "where", "(main", "thread)",
-                              "CPU", "%", "RSS", "beats", "restarts", "waiting",
-                              "waited", "for"]
-  assert lines[3].split() == ["0", "collective", "0.0", "s", "train.py:50", "step",
-                              "3", "400", "MiB", "36", "0", "71%", "0%"]
-  assert lines[6].split() == ["3", "own", "code", "2.0", "s", "data.py:88", "next_batch",
-                              "<-", "train.py:49", "main", "2", "405", "MiB", "36", "0",
-                              "0%", "71%"]
-  assert lines[-1] == ("waiting: share of the last 60 s each client spent waiting in "
-                       "collectives; waited for: share the others spent waiting for it "
-                       "(straggler above 30%). Beat data 0.5 s old.")
-
-
-def test_clients_on_other_nodes_come_from_the_merged_beat():
-  statuses = {0: {**VIEW, "client": 0, "where": "train.py:50 step", "rss_mib": 400.0,
-                  "at": 1071.5}}
-  text = _status.format_status({**RUN, "client_ids": [0, 1]}, statuses, now=1072.0)
-  row = text.splitlines()[5].split()
-  assert row[:4] == ["2", "collective", "1.0", "s"] and "(on another node)" in text
-  assert "no client has answered yet" in _status.format_status(RUN, {}, now=1072.0)
-
-
-@pytest.mark.parametrize("shares,seconds,period,said", [
-    ([1.0, 0.5, 2.0, 41.2], 300.4, 2.0, "jdtensor launch: the clients waited in "
-     "collectives unevenly over the run (300 s): share of the run the others waited "
-     "for each: client 3 41%, client 2 2%, client 0 1%, client 1 0%"),
-    ([3.0, 2.0, 9.9], 10, 0.5, None),  # Even enough.
-    ([0.0, 0.0, 0.0, 50.0], 0.0, 2.0, None),  # `jdtensor demo`: one beat.
-    ([0.0, 50.0], 19.9, 2.0, None),  # Fewer than 10 beats.
-    ([0.0, 50.0], 20.0, 2.0, "jdtensor launch: the clients waited in collectives "
-     "unevenly over the run (20 s): share of the run the others waited for each: "
-     "client 1 50%, client 0 0%"),
-])
-def test_the_launchers_line_on_uneven_waiting(shares, seconds, period, said):
-  record = {"shares": shares, "seconds": seconds, "period": period}
-  assert _status.wait_summary(record) == said
-
-
-@pytest.mark.parametrize("record", [None, {"shares": "bad"},
-                                    {"shares": [0.0, 50.0], "seconds": 99.0}])
-def test_no_line_on_waiting_from_a_record_that_is_not_whole(record):
-  assert _status.wait_summary(record) is None
-
-
-def test_the_launcher_reads_the_lowest_clients_record_of_the_run(tmp_path):
-  _status.write_waits(str(tmp_path), 10, [1.0, 2.0], 5.0, 0.5)
-  _status.write_waits(str(tmp_path), 2, [3.0, 4.0], 6.0, 0.5)
-  (tmp_path / "waits-x.json").write_text("{}")  # Not a client's: ignored.
-  assert _status.read_waits(str(tmp_path)) == {"client": 2, "shares": [3.0, 4.0],
-                                               "seconds": 6.0, "period": 0.5}
-  assert _status.read_waits(str(tmp_path / "gone")) is None
-
-
-def test_the_status_table_of_a_node_without_client_0():
-  """On another node than client 0's, each client knows only its own state:
-  the table shows those clients, and says where the rest is kept."""
-  statuses = {c: {"client": c, "beats": 36, "period": 2.0, "own": [R if c == 5 else W, 3 + c, 2],
-                  "where": f"train.py:{50 + c} step", "rss_mib": 400.0, "restarts": 0,
-                  "window": 60.0, "threshold": 30.0, "at": 1071.5} for c in (4, 5)}
-  lines = _status.format_status({**RUN, "num_clients": 8}, statuses, now=1072.0).splitlines()
-  assert lines[3].split() == ["4", "collective", "7.0", "s", "train.py:54", "step",
-                              "2", "400", "MiB", "36", "0", "-", "-"]
-  assert lines[4].split()[:4] == ["5", "own", "code", "8.0"]
-  assert len(lines) == 8 and lines[-1].startswith("Only this node's clients: client 0")
