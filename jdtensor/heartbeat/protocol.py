@@ -35,6 +35,7 @@ that is leaving with a failure no longer reacts at all.
 
 from __future__ import annotations
 
+import enum
 import sys
 import threading
 import time
@@ -45,7 +46,7 @@ import numpy as np
 
 from jdtensor import _logging as logging
 from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
-from jdtensor._ids import LISTED as _LISTED, ids_text
+from jdtensor.heartbeat import wording
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
@@ -55,8 +56,8 @@ from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
 from jdtensor._report import Reason
 from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE, PeerFailureError
 
-__all__ = ["Heartbeat", "BeatLayout", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE", "ROLL_CALL_GRACE",
-           "IDLE_PERCENT", "exit_grace_for"]
+__all__ = ["Heartbeat", "Exiting", "BeatLayout", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
+           "ROLL_CALL_GRACE", "IDLE_PERCENT", "exit_grace_for"]
 
 POLICIES = HEARTBEAT_POLICIES
 # Seconds the first exchange may take beyond the stuck time-out: every client
@@ -81,6 +82,12 @@ CULPRIT_EXIT_GRACE = 5.0
 # culprit's end is told right after the report, but the report may be of a
 # culprit that never ends (stuck, cut off), which must not hold the run.
 REPORTED_CULPRIT_WAIT = 0.5
+
+
+class Exiting(enum.Enum):
+  """How this client's script is leaving, once it is."""
+  FINISHED = "finished"  # Ended normally: beats at exit until the agreed end.
+  FAILED = "failed"  # Leaving with a failure: reacts to nothing any more.
 
 
 def exit_grace_for(period: float) -> float:
@@ -111,12 +118,6 @@ class _Idle:
 
   def where(self) -> str:
     return "(not recorded)"
-
-
-def _names(clients: list[int]) -> str:
-  """``client 3`` or ``clients 0, 2, 3``; a long list as runs (``clients
-  0, 2-4095``), so that a message stays a line at any scale."""
-  return f"client{'s' if len(clients) > 1 else ''} {ids_text(clients)}"
 
 
 def _first_line(error: BaseException) -> str:
@@ -192,7 +193,7 @@ class Heartbeat:
     # `_fail`), where no jdtensor launcher names the root cause.
     self.culprit_wait = 0.0
     self.closed_cleanly: bool | None = None  # Result of the teardown.
-    self.exiting: str | None = None  # None, "finished" or "failed".
+    self.exiting: Exiting | None = None  # None: the script still runs.
     self.departed: dict[int, float] = {}  # Clients that ended normally.
     self.leaving: set[int] = set()  # Clients that announced they are leaving.
     self.own_state: tuple[int, int, int] | None = None  # Last row's phase, s, busy.
@@ -276,12 +277,10 @@ class Heartbeat:
       slots = np.asarray(verdict.tokens)
       logging.info("Merged heartbeat signal %s", slots)
       bad = np.flatnonzero(slots != token).tolist()
-      self._fail(f"Merged heartbeat signal has value != {token} "
-                 f"(clients {', '.join(map(str, bad))})", bad)
+      self._fail(wording.first_tokens_differ(token, bad), bad)
     else:
       logging.info("Merged heartbeat signal %s", np.asarray(verdict.tokens))
-      self._fail("Merged heartbeat signal has unequal elements "
-                 f"{list(verdict.tokens)}", list(range(n)))
+      self._fail(wording.tokens_unequal(verdict.tokens), list(range(n)))
     self.token = outcome.token
     self._last_beat = self._clock()
     self.ready.set()
@@ -319,7 +318,7 @@ class Heartbeat:
       # client sends at exit, and waiting a period here would hold this
       # client's exit up to a period after the last client finished. No spin:
       # the exchange itself waits for the others' next beats.
-      wait = 0.0 if self.exiting == "finished" else next_beat - time.monotonic()
+      wait = 0.0 if self.exiting is Exiting.FINISHED else next_beat - time.monotonic()
       if self._wake.wait(max(0.0, wait)):
         self._wake.clear()
       next_beat = max(next_beat + self.period, time.monotonic() + self.period / 2)
@@ -361,8 +360,7 @@ class Heartbeat:
     """Logs, once on every client, that the others wait for `client`, with
     where its main thread is (it shares it; the others fetch it off the beat
     thread, so a beat is never held up)."""
-    text = (f"heartbeat: client {client} is a straggler: the others waited for it "
-            f"{share:.0f}% of the last {self.decider.waits.window:g} s")
+    text = wording.straggler(client, share, self.decider.waits.window)
     key = f"straggler/{client}/{beat}"
     if client == self.client_id:
       where = self.recorder.where()
@@ -415,24 +413,19 @@ class Heartbeat:
     (every client has the same verdict: nobody needs to be told)."""
     n = self.num_clients
     if verdict.kind == EARLY_EXIT:
-      gone, waiting = list(verdict.culprits), list(verdict.waiting)
-      self._fail(f"{_names(gone)} exited (code 0) while the others "
-                 f"were still running ({_names(waiting)} "
-                 f"{'wait' if len(waiting) > 1 else 'waits'} in a "
-                 "collective)", gone, subject=gone, told=True)
+      gone = list(verdict.culprits)
+      self._fail(wording.early_exit(gone, verdict.waiting), gone, told=True)
     elif verdict.kind == STALLED:
       staller = verdict.culprits[0]
       self._stalled(staller, verdict.seconds, beat,
                     [c for c in range(n) if c != staller])
     elif verdict.kind == ALL_WAITING:
-      text = (f"every client has waited in a collective for "
-              f"{int(self.stall_timeout)} s or more: a long computation, or a "
-              "deadlock (clients that issued different collectives); this "
-              f"client ({self.client_id}): main thread in {self.recorder.where()}")
+      reason = wording.every_client_waiting(self.stall_timeout, self.client_id,
+                                            self.recorder.where())
       if self.stall_kill_all_waiting:
-        self._fail(text, list(range(n)), told=True)
+        self._fail(reason, list(range(n)), told=True)
       else:
-        logging.warning("heartbeat: %s", text)
+        logging.warning("%s", reason.heartbeat_line())
 
   def _stalled(self, staller: int, seconds: int, beat: int, waiters: list[int]
                ) -> None:
@@ -442,10 +435,8 @@ class Heartbeat:
       self._share(key, where)
     else:
       where = self._fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
-    self._fail(f"client {staller} stalled: main thread in {where} for "
-               f"{seconds} s while {_names(waiters)} "
-               f"{'wait' if len(waiters) > 1 else 'waits'} in a collective",
-               [staller], subject=[staller], exit_code=(OWN_FAILURE_EXIT_CODE
+    self._fail(wording.stalled(staller, where, seconds, waiters),
+               [staller], exit_code=(OWN_FAILURE_EXIT_CODE
                                      if staller == self.client_id else PEER_FAILURE_EXIT_CODE),
                told=True, culprit_wait=CULPRIT_EXIT_GRACE)  # It ends itself.
 
@@ -457,23 +448,16 @@ class Heartbeat:
     cluster_token = verdict.cluster_token
     if mine != self.token:
       # Only this client writes its slot: the exchange itself is broken.
-      self._fail(f"beat {self.beats} returned a wrong sum: this "
-                 f"client ({me}) sent token {self.token} but its slot holds "
-                 f"{mine} (the cluster's token: {cluster_token})", [me],
-                 exit_code=OWN_FAILURE_EXIT_CODE)
+      self._fail(wording.wrong_sum(self.beats, me, self.token, mine, cluster_token),
+                 [me], exit_code=OWN_FAILURE_EXIT_CODE)
       return
     if me in verdict.culprits:
-      self._fail(f"this client ({me}) is out of sync: it sent token "
-                 f"{self.token}, the cluster's is {cluster_token} in beat "
-                 f"{self.beats}", [me], exit_code=OWN_FAILURE_EXIT_CODE)
+      self._fail(wording.out_of_sync_here(me, self.token, cluster_token, self.beats),
+                 [me], exit_code=OWN_FAILURE_EXIT_CODE)
       return
     wrong = list(verdict.culprits)
-    sent = ", ".join(str(t) for t in verdict.tokens[:_LISTED])
-    if len(wrong) > _LISTED:
-      sent += ", ..."
-    self._fail(f"{_names(wrong)} sent token {sent} instead of "
-               f"{cluster_token} in beat {self.beats} (restarted or out of sync)",
-               wrong, subject=wrong, told=True)
+    self._fail(wording.out_of_sync(wrong, verdict.tokens, cluster_token, self.beats),
+               wrong, told=True)
 
   def late_for_collective(self, waited: float) -> None:
     """This client's collective gave up after `waited` s setting up with a
@@ -483,14 +467,7 @@ class Heartbeat:
     late = [c for c in unjoined or () if c != self.client_id]
     if not late:
       return
-    they = "they were" if len(late) > 1 else "it was"
-    self._fail(f"{_names(late)} did not join the collective the others "
-               f"waited in within JAX's {waited:.0f} s communicator set-up time "
-               f"(not configurable); {they} still in set-up, before {'their' if len(late) > 1 else 'its'} "
-               "first collective. If a set-up is slow by design (loading data, "
-               "compiling on one client), end it with a barrier "
-               "(jdtensor.barrier, multihost_utils.sync_global_devices) so that "
-               "every client enters the first collective together", late, subject=late)
+    self._fail(wording.late_for_collective(late, waited), late)
 
   # -- the watchdog -------------------------------------------------------------
 
@@ -517,68 +494,39 @@ class Heartbeat:
 
   def _was_frozen(self, seconds: float) -> None:
     if seconds >= self.stuck_timeout:
-      what = (f"did not run for {seconds:.1f} s (stopped, swapped out, or its "
-              "GIL held by C code), longer than the stuck time-out "
-              f"({self.stuck_timeout:g} s)")
-      self._fail(f"this client ({self.client_id}) {what}; the others "
-                 "count it as stuck", [self.client_id],
-                 exit_code=OWN_FAILURE_EXIT_CODE,
-                 public=Reason(f"client {self.client_id} {what}", (self.client_id,)))
+      own, public = wording.frozen(self.client_id, seconds, self.stuck_timeout)
+      self._fail(own, [self.client_id], exit_code=OWN_FAILURE_EXIT_CODE, public=public)
     else:
       logging.warning("heartbeat: this client (%d) did not run for %.1f s "
                       "(within the stuck time-out, %g s)", self.client_id,
                       seconds, self.stuck_timeout)
 
   def _fail_missed(self, beat: int, waited: float, detail: str) -> None:
-    """A beat did not complete: names whom `_missed` finds."""
-    text, ids, subject = self._missed(beat, waited, detail)
-    self._fail(text, ids, subject=subject)
-
-  def _missed(self, beat: int, waited: float, detail: str
-              ) -> tuple[str, list[int], list[int]]:
-    """What to say about a beat that did not complete, whom to name, and
-    whom the text begins with.
-
-    A roll call: every healthy client blocked in the same beat answers it
-    within a moment; the ones that do not are the culprits.
-    """
+    """A beat did not complete within `waited` s: a roll call (every healthy
+    client blocked in the same beat answers it within a moment) names the
+    ones that do not answer."""
     others = [c for c in range(self.num_clients) if c != self.client_id]
     present = self._roll_call(beat, ROLL_CALL_GRACE)
     if present is None:
-      return (f"beat {beat} did not complete within {waited:g} s"
-              f"{detail}; the heartbeat's coordination service (client 0) is "
-              "unreachable", [0], [])
+      self._fail(wording.beat_not_completed(beat, waited, detail,
+                                            service_unreachable=True), [0])
+      return
     missing = [c for c in others if c not in present]
     if not missing:
-      return (f"beat {beat} did not complete within {waited:g} s "
-              f"although every client started it{detail}", others, [])
-    if beat == 0:
-      text = f"{_names(missing)} did not start the heartbeat within {waited:g} s"
-    else:
-      age = self._clock() - self._last_beat
-      text = f"{_names(missing)} missed beat {beat} (last seen {age:.1f} s ago)"
-      finished = [c for c in missing if c in self.departed]
-      if finished:
-        text += (f"; {_names(finished)} had ended {'their' if len(finished) > 1 else 'its'} "
-                 "script and left after waiting for the others")
-    return f"{text}{detail}", missing, missing
+      self._fail(wording.beat_not_completed(beat, waited, detail), others)
+      return
+    self._fail(wording.beat_not_completed(
+        beat, waited, detail, missing=missing, age=self._clock() - self._last_beat,
+        finished=[c for c in missing if c in self.departed]), missing)
 
   # -- failure ------------------------------------------------------------------
 
-  def _consequence(self) -> str:
-    if self.exiting == "finished":
-      return "this client had already finished"
-    return {"terminate": "stopping this client",
-            "raise": "raising PeerFailureError at the next jdtensor call",
-            "log": "carrying on (policy 'log')"}[self.policy]
-
-  def _fail(self, detail: str, ids: list[int], *, subject: list[int] | tuple[int, ...] = (),
-            reporter: int | None = None, exit_code: int = PEER_FAILURE_EXIT_CODE,
+  def _fail(self, reason: Reason, ids: list[int], *,
+            exit_code: int = PEER_FAILURE_EXIT_CODE,
             public: Reason | None = None, told: bool = False,
             culprit_wait: float = 0.0) -> None:
-    """Records a failure and applies the policy: `detail` says what happened,
-    `subject` are the clients it begins with, `reporter` the client whose
-    report was relayed here (see `Reason`).
+    """Records a failure (`reason`, worded by `wording`) and applies the
+    policy.
 
     A failure that names other clients is told to every client (and to the
     launcher); one that names this client is told as `public`, if given
@@ -590,11 +538,11 @@ class Heartbeat:
     for culprits that end by themselves: gone, leaving, a staller).
     """
     with self._fail_lock:
-      if self.failure is not None or self.exiting == "failed":
+      if self.failure is not None or self.exiting is Exiting.FAILED:
         return
       own = exit_code != PEER_FAILURE_EXIT_CODE
-      reason = Reason(detail, tuple(subject), reporter)
-      message = f"{reason.heartbeat_line()}; {self._consequence()}"
+      message = (f"{reason.heartbeat_line()}; "
+                 f"{wording.consequence(self.exiting is Exiting.FINISHED, self.policy)}")
       error = PeerFailureError(message, tuple(ids))
       self.failure = error
       self.culprit_wait = culprit_wait  # For a way out on another thread.
@@ -644,10 +592,8 @@ class Heartbeat:
   def _own_failure(self, error: BaseException) -> None:
     """An exception in the heartbeat's own code: this client's failure."""
     trace = "".join(traceback.format_exception(error)).rstrip()
-    what = f"heartbeat failed in its own code: {type(error).__name__}: {error}"
-    self._fail(f"this client's ({self.client_id}) {what}\n{trace}\n",
-               [self.client_id], exit_code=OWN_FAILURE_EXIT_CODE,
-               public=Reason(f"client {self.client_id}'s {what}", (self.client_id,)))
+    own, public = wording.own_code_failed(self.client_id, error, trace)
+    self._fail(own, [self.client_id], exit_code=OWN_FAILURE_EXIT_CODE, public=public)
 
   # -- events from the liveness links -------------------------------------------
 
@@ -656,11 +602,10 @@ class Heartbeat:
     if self.stopped.is_set() and self.failure is None:
       return  # We already stopped by agreement; a late exit is not a failure.
     if self._exchange is None:  # Links only: there are no beats to speak of.
-      self._fail(f"client {client} is gone ({how})", [client], subject=[client])
+      self._fail(wording.gone(client, how), [client])
       return
     age = self._clock() - self._last_beat
-    self._fail(f"client {client} missed beat {self._exchanged + 1} (last "
-               f"seen {age:.1f} s ago; {how})", [client], subject=[client],
+    self._fail(wording.missed_beat(client, self._exchanged + 1, age, how), [client],
                culprit_wait=CULPRIT_EXIT_GRACE)
 
   def peer_reported(self, clients: list[int], reason: Reason) -> None:
@@ -669,7 +614,7 @@ class Heartbeat:
     if self.stopped.is_set() and self.failure is None:
       return
     # Named ourselves (e.g. we were frozen, or stalled): we are the root cause.
-    self._fail(reason.detail, clients, subject=reason.subject, reporter=reason.reporter,
+    self._fail(reason, clients,
                exit_code=(OWN_FAILURE_EXIT_CODE if self.client_id in clients
                           else PEER_FAILURE_EXIT_CODE), told=True,
                culprit_wait=REPORTED_CULPRIT_WAIT)
@@ -682,10 +627,8 @@ class Heartbeat:
     if not failure:
       self.departed[client] = self._clock()
       return
-    if not raised and self.exiting is None:
-      why += " while the others were still running"
-    self._fail(f"client {client} {why}", [client], subject=[client], told=True,
-               culprit_wait=CULPRIT_EXIT_GRACE)  # On its way out.
+    self._fail(wording.left(client, why, raised, still_running=self.exiting is None),
+               [client], told=True, culprit_wait=CULPRIT_EXIT_GRACE)  # On its way out.
 
   def peer_notice(self, client: int, text: str) -> None:
     """Logs what another client said that is not a verdict."""
@@ -710,7 +653,7 @@ class Heartbeat:
   def finish(self) -> None:
     """This client's script has ended normally: beat "at exit" until every
     client has (the agreed end), and only log what happens to the others."""
-    self.exiting = "finished"
+    self.exiting = Exiting.FINISHED
     self.recorder.at_exit = True
     if self._exchange is None:
       self.event.set()
@@ -725,7 +668,7 @@ class Heartbeat:
       thread says it and ends the process) or not acted on at all.
     """
     with self._fail_lock:
-      self.exiting = "failed"
+      self.exiting = Exiting.FAILED
       failure = self.failure
     self.stopped.set()
     with self._beat_changed:

@@ -561,12 +561,12 @@ def test_client_0_waits_for_a_leaving_culprit_but_not_for_a_silent_one():
   peers = WaitingPeers()
   hb = beat(1, "terminate", 0, 3, peers=peers, process=Hooks())
   hb.peer_left(1, 0, "exited (code 0)", False)  # Ended its script early...
-  hb._fail("heartbeat: client 1 exited (code 0) while the others were still "
-           "running", [1])  # ... and is named for it: wait for it too.
+  hb._fail(Reason("client 1 exited (code 0) while the others were still running", (1,)),
+           [1])  # ... and is named for it: wait for it too.
   assert peers.ignored == [[]]
   peers = WaitingPeers()
   hb = beat(1, "terminate", 0, 3, peers=peers, process=Hooks())
-  hb._fail("heartbeat: client 2 stalled", [2])
+  hb._fail(Reason("client 2 stalled", (2,)), [2])
   assert peers.ignored == [[2]]
 
 
