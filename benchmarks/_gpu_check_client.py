@@ -1,13 +1,13 @@
-"""One client of benchmarks/gpu_check.py: SCEN picks what client BAD does.
+"""One client of benchmarks/gpu_check.py: SCENARIO picks what client CULPRIT does.
 
-    SCEN=api|none|kill|raise|stall|busy  DEVICE=GPU|CPU  WAIT_ON=GPU|CPU
-    BAD=1  STEPS=8  BUSY_SECONDS=12
+    SCENARIO=api|none|kill|raise|stall|busy  DEVICE=GPU|CPU  WAIT_ON=GPU|CPU
+    CULPRIT=1  STEPS=8  BUSY_SECONDS=12
 
 ``api`` is one client on its own (no DTENSOR_*): the single-client API on
 DEVICE. The others are multi-client: every client runs STEPS steps of a psum
 over every client's WAIT_ON devices (the GPUs, each client its own; the CPU
 where clients share one GPU, which NCCL cannot) and checks the result. At
-step 3, client BAD misbehaves and prints ``MISBEHAVING <unix time>`` first:
+step 3, client CULPRIT misbehaves and prints ``MISBEHAVING <unix time>`` first:
 kill (SIGKILL of itself), raise (an exception), stall (sleeps in its own code
 while the others wait in the psum), busy (one long kernel on its own
 devices, at least BUSY_SECONDS s: slow, never a stall).
@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 started = time.perf_counter()
 import jdtensor  # noqa: E402
 
-scen, device = os.environ.get("SCEN", "none"), os.environ.get("DEVICE", "GPU")
+scen, device = os.environ.get("SCENARIO", "none"), os.environ.get("DEVICE", "GPU")
 initialized = jdtensor.initialize_accelerator_system(device)
 init_seconds = time.perf_counter() - started
 
@@ -62,7 +62,7 @@ if scen == "api":
   sys.exit(0)
 
 n, k = jax.process_count(), jax.process_index()
-bad = int(os.environ.get("BAD", "1"))
+bad = int(os.environ.get("CULPRIT", "1"))
 wait_on = os.environ.get("WAIT_ON", device).lower()
 devices = sorted(jax.devices("cpu" if wait_on == "cpu" else None),
                  key=lambda d: (d.process_index, d.id))

@@ -44,7 +44,7 @@ CASES = {
 
 def one(scen: str, bad: int, devices: int, env: dict[str, str]) -> tuple[float, object, int]:
   res, out, err, ended = launch_clients(
-      [sys.executable, CLIENT], 4, devices, timeout=120, SCEN=scen, BAD=str(bad),
+      [sys.executable, CLIENT], 4, devices, timeout=120, SCENARIO=scen, CULPRIT=str(bad),
       JDTENSOR_HEARTBEAT_PERIOD="0.5", **env)
   stamp = re.search(rf"^\[client {bad}\] MISBEHAVING ([\d.]+)$", out, re.M)
   if stamp is None:

@@ -109,10 +109,10 @@ class Plan:
 
 def launch(plan: Plan, scen: str, **extra: str
            ) -> tuple[launcher.LaunchResult, str, float]:
-  """Runs the client with SCEN=`scen` on every client: the launcher's result,
+  """Runs the client with SCENARIO=`scen` on every client: the launcher's result,
   the clients' tagged output and stderr, and when the run ended (time.time())."""
   out, err = io.StringIO(), io.StringIO()
-  env = plan.env(SCEN=scen, DEVICE=plan.device, WAIT_ON=plan.wait_on, **extra)
+  env = plan.env(SCENARIO=scen, DEVICE=plan.device, WAIT_ON=plan.wait_on, **extra)
   result = launcher.launch(plan.spec((sys.executable, CLIENT)), out=out, err=err, env=env)
   return result, out.getvalue() + err.getvalue(), time.time()
 
@@ -132,7 +132,7 @@ def detection(plan: Plan, check: str, scen: str, named: str, **extra: str) -> Ro
 
 
 def single_client(plan: Plan) -> Row:
-  env = plan.env(SCEN="api", DEVICE=plan.device)
+  env = plan.env(SCENARIO="api", DEVICE=plan.device)
   if plan.device == "GPU":
     env["CUDA_VISIBLE_DEVICES"] = (_env.read_visible_gpus() or ("0",))[0]
   start = time.perf_counter()

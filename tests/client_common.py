@@ -1,4 +1,10 @@
-"""What every scenario client of the tests shares: `python <client>.py SCENARIO`.
+"""What every scenario client of the tests shares.
+
+One convention: a client script's scenario is named SCENARIO, and the
+client that misbehaves in it CULPRIT. SCENARIO comes as the first argument
+(`python <client>.py SCENARIO`, for clients started one by one) or as the
+variable (``SCENARIO=stall``, where a launcher or an engine starts every
+client with the same command); CULPRIT is always the variable.
 
 A client runs under `jdtensor launch` (or the tests' own process starter)
 with the DTENSOR_* variables set, and prints ``RESULT key=value`` lines that
@@ -19,10 +25,15 @@ def result(key, value):
   os.write(1, f"\nRESULT {key}={json.dumps(value)}\n".encode())
 
 
+def scenario_name():
+  """The scenario: the first argument, else the SCENARIO variable."""
+  return sys.argv[1] if len(sys.argv) > 1 else os.environ["SCENARIO"]
+
+
 def run_scenario(scenarios):
-  """Runs ``scenario_<argv[1]>`` from `scenarios` (a module's globals)."""
+  """Runs ``scenario_<SCENARIO>`` from `scenarios` (a module's globals)."""
   try:
-    scenarios[f"scenario_{sys.argv[1]}"]()
+    scenarios[f"scenario_{scenario_name()}"]()
   except Exception as e:  # pylint: disable=broad-except
     traceback.print_exc()
     sys.stdout.flush()

@@ -105,7 +105,7 @@ def flax_training(manager=None):
     losses.append(float(loss))  # A replicated scalar, read as users do.
     if manager is not None:
       import orbax.checkpoint as ocp
-      if K == int(os.environ.get("BAD", "-1")) and i == int(os.environ.get("PREEMPT_AT", "-1")):
+      if K == int(os.environ.get("CULPRIT", "-1")) and i == int(os.environ.get("PREEMPT_AT", "-1")):
         os.kill(os.getpid(), signal.SIGTERM)  # A pod eviction: a preemption notice.
         time.sleep(0.5)
       if manager.reached_preemption(i):

@@ -81,7 +81,7 @@ def test_orbax_save_restore_and_preemption(tmp_path):
   need("flax", "optax", "orbax.checkpoint")
   reference = one_process("flax")
   ckpt = str(tmp_path / "ckpt")
-  code, first, output = launched("orbax", CKPT_DIR=ckpt, BAD="2", PREEMPT_AT="4",
+  code, first, output = launched("orbax", CKPT_DIR=ckpt, CULPRIT="2", PREEMPT_AT="4",
                                  STEP_SECONDS="0.2")
   assert code == 0, output[-4000:]
   saved = {c: r.get("saved_on_preemption") for c, r in first.items()}

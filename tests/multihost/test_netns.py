@@ -157,7 +157,7 @@ def test_jdtensor_launch_across_two_hosts(hosts):
   from tests.multiprocess.test_nodes import Launchers, nodes_argv  # pylint: disable=g-import-not-at-top
   argv = nodes_argv(2, 2, 1, coordinator=f"{hosts.addresses[0]}:29400")
   run = Launchers(argv, prefixes=[hosts.exec_prefix(0), hosts.exec_prefix(1)],
-                  MISBEHAVE="none", STEPS="5", JDTENSOR_HEARTBEAT_PERIOD="0.5")
+                  SCENARIO="none", STEPS="5", JDTENSOR_HEARTBEAT_PERIOD="0.5")
   assert run.finish(180) == [0, 0], run.out
   assert sorted(re.findall(r"^\[client (\d)\] DONE$", run.out[0], re.M)) == ["0", "1"]
   assert sorted(re.findall(r"^\[client (\d)\] DONE$", run.out[1], re.M)) == ["2", "3"]
@@ -170,7 +170,7 @@ def test_a_failure_on_one_host_stops_the_other_naming_it(hosts):
   from tests.multiprocess.test_nodes import Launchers, nodes_argv  # pylint: disable=g-import-not-at-top
   argv = nodes_argv(2, 2, 1, coordinator=f"{hosts.addresses[0]}:29401")
   run = Launchers(argv, prefixes=[hosts.exec_prefix(0), hosts.exec_prefix(1)],
-                  MISBEHAVE="exception", MISBEHAVING_CLIENT="2", STEPS="200",
+                  SCENARIO="exception", CULPRIT="2", STEPS="200",
                   JDTENSOR_HEARTBEAT_PERIOD="0.5")
   stamp = float(run.wait_for(r"^\[client 2\] MISBEHAVING ([\d.]+)$", 1, 120).group(1))
   assert run.finish(60) == [1, 1], run.out

@@ -1,10 +1,10 @@
 """A training-like client whose client 1 misbehaves at step 3.
 
-    MISBEHAVE=exception|exit0|exit3|stall|gil|sigstop|sigkill|none [MISBEHAVING_CLIENT=1] \
+    SCENARIO=exception|exit0|exit3|stall|gil|sigstop|sigkill|none [CULPRIT=1] \
       python failure_client.py
 
 Every client runs STEPS steps of a psum over a `jax.make_mesh` mesh of every
-device and checks each result. At step 3, client 1 (or MISBEHAVING_CLIENT,
+device and checks each result. At step 3, client 1 (or CULPRIT,
 or "all") raises, calls sys.exit, sleeps in its own code (a stuck data loader), holds
 the GIL in C for GIL_SECONDS, stops itself for STOP_SECONDS (a helper
 sends SIGCONT), or SIGKILLs itself while the others wait for it in the psum. It prints ``MISBEHAVING <unix time>`` first, so tests can
@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 n, k, local = jax.process_count(), jax.process_index(), jax.local_device_count()
 # "all": every client misbehaves, the others LATE_SECONDS after client 0.
-bad = os.environ.get("MISBEHAVING_CLIENT", "1")
+bad = os.environ.get("CULPRIT", "1")
 bad = k if bad == "all" else int(bad)
 mesh = jax.make_mesh((n, local), ("b", "m"))
 psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, ("b", "m")), mesh=mesh,
@@ -69,9 +69,9 @@ def misbehave(what):
   return None
 
 
-what = os.environ.get("MISBEHAVE", "none")
+what = os.environ.get("SCENARIO", "none")
 # Under `jdtensor launch --max-restarts`: misbehave on that attempt only.
-only_on = os.environ.get("MISBEHAVE_ON_ATTEMPT")
+only_on = os.environ.get("SCENARIO_ON_ATTEMPT")
 if only_on is not None and os.environ.get("JDTENSOR_RESTART_COUNT") != only_on:
   what = "none"
 print(f"ATTEMPT {os.environ.get('JDTENSOR_RESTART_COUNT')}", flush=True)

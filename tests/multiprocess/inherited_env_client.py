@@ -1,8 +1,8 @@
 """A client that starts a second runtime where it cannot:
 
-* ``MODE=jax-first``: ``jax.distributed.initialize`` by hand, then
+* ``SCENARIO=jax-first``: ``jax.distributed.initialize`` by hand, then
   ``initialize_accelerator_system``;
-* ``MODE=spawn`` / ``MODE=fork``: an initialised client starts a
+* ``SCENARIO=spawn`` / ``SCENARIO=fork``: an initialised client starts a
   multiprocessing child (a data-loader worker) that calls
   ``initialize_accelerator_system`` with the DTENSOR_* it inherited.
 
@@ -29,7 +29,7 @@ def second_start() -> None:
 
 
 if __name__ == "__main__":
-  mode = os.environ["MODE"]
+  mode = os.environ["SCENARIO"]
   if mode == "jax-first":
     import jax
     jax.distributed.initialize(os.environ["DTENSOR_JOBS"].split(",")[0],

@@ -1,6 +1,6 @@
 """A client that holds FILES open files (a data loader's shards) before it
 joins the run, so that its sockets get descriptors past 1024; then every
-client runs psums, and client BAD (if any) is SIGKILLed at step 3 while the
+client runs psums, and client CULPRIT (if any) is SIGKILLed at step 3 while the
 others wait in the psum."""
 
 import os
@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 n, k = jax.process_count(), jax.process_index()
-bad = int(os.environ.get("BAD", "-1"))
+bad = int(os.environ.get("CULPRIT", "-1"))
 mesh = jax.make_mesh((n,), ("b",))
 psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "b"), mesh=mesh,
                              in_specs=P("b"), out_specs=P()))

@@ -2,7 +2,7 @@
 
 Every client checks `multihost_utils.reached_preemption_sync_point(step)`
 after each psum; at the agreed step it "saves" for SAVE_SECONDS, prints
-``SAVED step <n>`` and exits 0 (``RUNNING`` after the first two steps). With SELF_TERM, client BAD sends itself
+``SAVED step <n>`` and exits 0 (``RUNNING`` after the first two steps). With SELF_TERM, client CULPRIT sends itself
 SIGTERM at step 5 (a pod eviction); otherwise the launcher's own stop does.
 """
 import os, sys, time, signal
@@ -18,7 +18,7 @@ mesh = jax.make_mesh((n, local), ("b", "m"))
 psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, ("b", "m")), mesh=mesh, in_specs=P("b", "m"), out_specs=P()))
 x = jax.make_array_from_callback((n, local), NamedSharding(mesh, P("b", "m")), lambda idx: np.ones((1, 1), np.float32))
 for step in range(int(os.environ.get("STEPS", "400"))):
-  if k == int(os.environ.get("BAD", "1")) and step == 5 and os.environ.get("SELF_TERM"):
+  if k == int(os.environ.get("CULPRIT", "1")) and step == 5 and os.environ.get("SELF_TERM"):
     print(f"PREEMPTED {time.time():.3f}", flush=True); os.kill(os.getpid(), signal.SIGTERM)
   y = psum(x); float(np.asarray(y.addressable_data(0))[0, 0])
   if step == 1:

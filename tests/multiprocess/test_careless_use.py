@@ -334,7 +334,7 @@ def test_a_second_runtime_in_a_process_is_refused_at_once(mode):
   proc = subprocess.run(
       [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--timeout", "90", "--grace",
        "5", "--", sys.executable, INHERITED_CLIENT], capture_output=True, text=True,
-      timeout=120, cwd=REPO, env=clean_env(PYTHONPATH=REPO, MODE=mode))
+      timeout=120, cwd=REPO, env=clean_env(PYTHONPATH=REPO, SCENARIO=mode))
   import re
   refused = re.findall(r"^\[client (\d)\] REFUSED ([\d.]+) (.*)$", proc.stdout, re.M)
   assert len(refused) == 2, proc.stdout + proc.stderr

@@ -33,8 +33,8 @@ SECRET = "engine-test-secret-0123456789"
 
 def client_variables(scen: str, detection: str) -> dict[str, str]:
   """What every client of the GPU check's client on CPU devices is given
-  (SCEN: what client 1 does at step 3)."""
-  return {"JDTENSOR_CLUSTER_DETECTION": detection, "SCEN": scen, "BAD": "1",
+  (SCENARIO: what client 1 does at step 3)."""
+  return {"JDTENSOR_CLUSTER_DETECTION": detection, "SCENARIO": scen, "CULPRIT": "1",
           "DEVICE": "CPU", "WAIT_ON": "CPU", "JDTENSOR_RUN_SECRET": SECRET,
           "JDTENSOR_HEARTBEAT_PERIOD": "0.5", "JDTENSOR_STALL_TIMEOUT": "5"}
 

@@ -26,8 +26,8 @@ FAST = {"JDTENSOR_HEARTBEAT_PERIOD": "0.5"}
 
 def run(misbehave, timeout=90, client=1, **env):
   res, out, err, ended = launch_clients([sys.executable, CLIENT], 3, 2,
-                                        timeout=timeout, MISBEHAVE=misbehave,
-                                        MISBEHAVING_CLIENT=str(client),
+                                        timeout=timeout, SCENARIO=misbehave,
+                                        CULPRIT=str(client),
                                         **{**FAST, **env})
   first = 0 if client == "all" else client
   stamps = re.findall(rf"^\[client {first}\] MISBEHAVING ([\d.]+)$", out, re.M)

@@ -31,7 +31,7 @@ def jdtensor_launch(*args, timeout=60, **kwargs):
 
 def test_the_root_cause_comes_with_its_reason_and_is_not_among_the_stopped():
   res, out, err, _ = launch_clients([sys.executable, FAILURE_CLIENT], 3, 1, timeout=60,
-                                    MISBEHAVE="exception", MISBEHAVING_CLIENT="0",
+                                    SCENARIO="exception", CULPRIT="0",
                                     JDTENSOR_HEARTBEAT_PERIOD="0.5")
   assert res.first_failure == 0, res.reason
   head, _, stopped = res.reason.partition("; stopped clients ")
@@ -43,7 +43,7 @@ def test_the_root_cause_comes_with_its_reason_and_is_not_among_the_stopped():
 
 def test_a_survivors_line_says_who_reported_it_once():
   res, out, err, _ = launch_clients([sys.executable, FAILURE_CLIENT], 4, 1, timeout=60,
-                                    MISBEHAVE="stall", JDTENSOR_STALL_TIMEOUT="3",
+                                    SCENARIO="stall", JDTENSOR_STALL_TIMEOUT="3",
                                     JDTENSOR_HEARTBEAT_PERIOD="0.5")
   assert res.first_failure == 1, res.reason
   assert err.count("client 1 stalled") >= 4, err
@@ -195,7 +195,7 @@ def test_a_preempted_client_lets_every_client_save_the_same_step(devices):
       [sys.executable, "-m", "jdtensor", "launch", "-n", "3", "--devices-per-client",
        devices, "--timeout", "80", "--", sys.executable, PREEMPT_CLIENT],
       capture_output=True, text=True, timeout=120, cwd=REPO,
-      env=clean_env(PYTHONPATH=REPO, SELF_TERM="1", BAD="1", SAVE_SECONDS="1",
+      env=clean_env(PYTHONPATH=REPO, SELF_TERM="1", CULPRIT="1", SAVE_SECONDS="1",
                     JDTENSOR_HEARTBEAT_PERIOD="0.5"))
   assert proc.returncode == 0, proc.stderr
   steps = saved_steps(proc.stdout)

@@ -77,7 +77,7 @@ def nodes_argv(nnodes, per_node, devices, *extra, coordinator=None):
 
 
 def test_two_launchers_make_one_cluster_with_a_cross_node_psum():
-  run = Launchers(nodes_argv(2, 2, 2), MISBEHAVE="none", STEPS="5")
+  run = Launchers(nodes_argv(2, 2, 2), SCENARIO="none", STEPS="5")
   codes = run.finish(180)
   assert codes == [0, 0], run.out
   # failure_client checks every psum over all 8 devices (2 nodes x 2 x 2).
@@ -86,8 +86,8 @@ def test_two_launchers_make_one_cluster_with_a_cross_node_psum():
 
 
 def test_a_failure_on_node_1_stops_node_0_within_seconds_naming_it():
-  run = Launchers(nodes_argv(2, 2, 1), MISBEHAVE="exception",
-                  MISBEHAVING_CLIENT="2", STEPS="200")
+  run = Launchers(nodes_argv(2, 2, 1), SCENARIO="exception",
+                  CULPRIT="2", STEPS="200")
   stamp = float(run.wait_for(r"^\[client 2\] MISBEHAVING ([\d.]+)$", 1, 120).group(1))
   codes = run.finish(60)
   assert codes == [1, 1], run.out
@@ -108,7 +108,7 @@ def test_a_failure_on_node_1_stops_node_0_within_seconds_naming_it():
 @pytest.mark.parametrize("victim", [1, 0])
 def test_a_node_whose_launcher_is_killed_stops_the_others_naming_it(victim):
   other = 1 - victim
-  run = Launchers(nodes_argv(2, 1, 1), MISBEHAVE="none", STEPS="2000")
+  run = Launchers(nodes_argv(2, 1, 1), SCENARIO="none", STEPS="2000")
   run.wait_for(r"^\[client 1\] ATTEMPT", 1, 120)
   time.sleep(4)  # In its steps by now.
   killed = time.monotonic()
@@ -122,8 +122,8 @@ def test_a_node_whose_launcher_is_killed_stops_the_others_naming_it(victim):
 
 
 def test_max_restarts_starts_the_group_again_with_a_new_restart_count():
-  run = Launchers(nodes_argv(2, 2, 1, "--max-restarts", "1"), MISBEHAVE="exception",
-                  MISBEHAVING_CLIENT="2", MISBEHAVE_ON_ATTEMPT="0", STEPS="5")
+  run = Launchers(nodes_argv(2, 2, 1, "--max-restarts", "1"), SCENARIO="exception",
+                  CULPRIT="2", SCENARIO_ON_ATTEMPT="0", STEPS="5")
   codes = run.finish(240)
   assert codes == [0, 0], run.out
   for node, clients in ((0, "01"), (1, "23")):
@@ -138,8 +138,8 @@ def test_max_restarts_starts_the_group_again_with_a_new_restart_count():
 
 def test_one_node_restarts_too():
   run = Launchers([["-n", "2", "--max-restarts", "2", "--timeout", "120", "--",
-                    sys.executable, CLIENT]], MISBEHAVE="exit3", MISBEHAVING_CLIENT="1",
-                  MISBEHAVE_ON_ATTEMPT="0", STEPS="5")
+                    sys.executable, CLIENT]], SCENARIO="exit3", CULPRIT="1",
+                  SCENARIO_ON_ATTEMPT="0", STEPS="5")
   codes = run.finish(180)
   assert codes == [0], run.out
   # One line per restart, with the attempt's whole summary; nothing else.
@@ -153,7 +153,7 @@ def test_a_node_that_never_comes_is_named_after_the_timeout():
   argv = nodes_argv(3, 1, 1)
   for a in argv:
     a[a.index("--timeout") + 1] = "3"
-  run = Launchers(argv[:2], MISBEHAVE="none", STEPS="2")  # Node 2 never starts.
+  run = Launchers(argv[:2], SCENARIO="none", STEPS="2")  # Node 2 never starts.
   codes = run.finish(60)
   assert codes[0] == 2, run.out
   coordinator = argv[0][argv[0].index("--coordinator") + 1]
@@ -166,9 +166,9 @@ def test_a_node_with_the_wrong_secret_is_refused():
   argv = nodes_argv(2, 1, 1)
   for a in argv:
     a[a.index("--timeout") + 1] = "4"
-  good = Launchers(argv[:1], MISBEHAVE="none", STEPS="2")
+  good = Launchers(argv[:1], SCENARIO="none", STEPS="2")
   time.sleep(0.5)
-  bad = Launchers(argv[1:], MISBEHAVE="none", STEPS="2",
+  bad = Launchers(argv[1:], SCENARIO="none", STEPS="2",
                   JDTENSOR_RUN_SECRET="another secret " + "y" * 16)
   assert good.finish(60) == [2]
   assert bad.finish(60) == [2]
@@ -180,7 +180,7 @@ def test_a_node_with_the_wrong_secret_is_refused():
 def test_two_nodes_on_one_address_with_the_same_port_get_a_clear_error():
   port = free_port()
   argv = nodes_argv(2, 1, 1, "--port", str(port))
-  run = Launchers(argv, MISBEHAVE="none", STEPS="2")
+  run = Launchers(argv, SCENARIO="none", STEPS="2")
   assert run.finish(60) == [2, 2], run.out
   problem = ("the nodes' clients would not have distinct addresses: "
              f"DTENSOR_JOBS='127.0.0.1:{port},127.0.0.1:{port}'")

@@ -16,7 +16,7 @@ CLIENT = os.path.join(os.path.dirname(__file__), "many_files_client.py")
 
 @pytest.mark.parametrize("bad", [None, 2], ids=["runs", "sigkill-named"])
 def test_clients_holding_1100_open_files_start_run_and_name_a_killed_peer(bad):
-  extra = {} if bad is None else {"BAD": str(bad)}
+  extra = {} if bad is None else {"CULPRIT": str(bad)}
   res, out, err, _ = launch_clients([sys.executable, CLIENT], 3, 1, timeout=90,
                                     FILES="1100", **extra)
   fds = sorted(int(line.split()[-1]) for line in out.splitlines() if " FDS " in line)

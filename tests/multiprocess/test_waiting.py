@@ -27,7 +27,7 @@ DEVICES = pytest.mark.parametrize("devices", [1, 2], ids=["1dev", "2dev"])
 
 def run(devices, scen, bad=-1, timeout=90, **env):
   res, out, err, ended = launch_clients(
-      [sys.executable, CLIENT], N, devices, timeout=timeout, SCEN=scen, BAD=str(bad),
+      [sys.executable, CLIENT], N, devices, timeout=timeout, SCENARIO=scen, CULPRIT=str(bad),
       **{"JDTENSOR_HEARTBEAT_PERIOD": str(PERIOD), **env})
   stamps = re.findall(rf"^\[client {bad}\] MISBEHAVING ([\d.]+)$", out, re.M)
   # From the misbehaviour to the launcher's return.

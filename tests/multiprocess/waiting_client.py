@@ -1,18 +1,18 @@
-"""A training-like client for the shapes users run: SCEN picks what client
-BAD does, READ how every client reads its result.
+"""A training-like client for the shapes users run: SCENARIO picks what client
+CULPRIT does, READ how every client reads its result.
 
-    SCEN=stall|exit0|late_start|late_first|late_end|busy|exitfalse|daemon|fork|
+    SCENARIO=stall|exit0|late_start|late_first|late_end|busy|exitfalse|daemon|fork|
          atexit_raise|none
-    READ=kept|temporary  BAD=1  STEPS=20  LATE=<seconds>  BUSY_SECONDS=<seconds>
+    READ=kept|temporary  CULPRIT=1  STEPS=20  LATE=<seconds>  BUSY_SECONDS=<seconds>
     GUARD=1 (jax.thread_guard)
 
 Every client runs STEPS steps of a psum over a `jax.make_mesh` mesh of every
-device (one or more per client) and checks each result. At step 3, client BAD
+device (one or more per client) and checks each result. At step 3, client CULPRIT
 misbehaves and prints ``MISBEHAVING <unix time>`` first:
 
 * stall: sleeps in its own code (a stuck data loader), alive;
 * exit0 / exitfalse: ``sys.exit(0)`` / ``sys.exit(False)`` mid-run (exitfalse
-  with BAD absent: every client ends with ``sys.exit(False)``, as
+  with CULPRIT absent: every client ends with ``sys.exit(False)``, as
   ``absltest.main()`` does);
 * late_start: starts LATE s after the others (before it imports anything:
   started by hand, or on a node that boots late);
@@ -24,7 +24,7 @@ misbehaves and prints ``MISBEHAVING <unix time>`` first:
   (PYTHON_MS: milliseconds of Python-only work before each);
 * fork: forks a child that ends with ``sys.exit(0)``;
 * atexit_raise: every client registers an exit handler (it prints
-  ``HANDLER RAN``), and client BAD raises.
+  ``HANDLER RAN``), and client CULPRIT raises.
 """
 
 import atexit
@@ -36,8 +36,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 
-if (os.environ.get("SCEN") == "late_start"
-    and os.environ.get("BAD") == os.environ.get("DTENSOR_CLIENT_ID")):
+if (os.environ.get("SCENARIO") == "late_start"
+    and os.environ.get("CULPRIT") == os.environ.get("DTENSOR_CLIENT_ID")):
   time.sleep(float(os.environ.get("LATE", "10")))
 
 import jdtensor  # noqa: E402
@@ -52,7 +52,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 from benchmarks._busy import one_long_call  # noqa: E402
 
 n, k, local = jax.process_count(), jax.process_index(), jax.local_device_count()
-scen, bad = os.environ.get("SCEN", "none"), int(os.environ.get("BAD", "-1"))
+scen, bad = os.environ.get("SCENARIO", "none"), int(os.environ.get("CULPRIT", "-1"))
 read = os.environ.get("READ", "kept")
 late = float(os.environ.get("LATE", "10"))
 mesh = jax.make_mesh((n, local), ("b", "m"))
