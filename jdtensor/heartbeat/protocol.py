@@ -334,8 +334,10 @@ class Heartbeat:
       if outcome is None:
         break
       self._exchanged += 1
-      # An older beat's news, taken late, does not move the count back.
-      self.beats = max(self.beats, outcome.beat)
+      # An older beat's news, taken late, does not move the count back; the
+      # agreed end is the beat every client ends at, even one that had beaten
+      # once more without waiting (its outcome of that beat was its own).
+      self.beats = outcome.beat if outcome.end else max(self.beats, outcome.beat)
       logging.vlog(2, "Heartbeat outcome %s", outcome)
       verdict = outcome.verdict
       if verdict is not None and verdict.kind == OUT_OF_SYNC:

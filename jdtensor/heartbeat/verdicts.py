@@ -19,6 +19,7 @@ the one named.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,7 @@ from jdtensor._ids import to_ranges
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 
-__all__ = ["BeatLayout", "Row", "Verdict", "Outcome", "Decider", "judge",
+__all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "Decider", "judge",
            "IDLE_PERCENT", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
            "FIRST_TOKENS", "to_ranges", "from_ranges"]
 
@@ -41,12 +42,20 @@ IDLE_PERCENT = 25
 # (above every phase).
 _NOT_JOINED = 8
 
-# Verdict kinds.
-EARLY_EXIT = "early_exit"  # Clients at exit while others wait for them.
-STALLED = "stalled"  # One client idle in its own code, everyone else waiting.
-ALL_WAITING = "all_waiting"  # Every client waits: a long computation or a deadlock.
-OUT_OF_SYNC = "out_of_sync"  # Slots without the cluster's token (a restart).
-FIRST_TOKENS = "first_tokens"  # The first beat did not spread client 0's token.
+
+
+class VerdictKind(str, enum.Enum):
+  """What a verdict is about (its value is what travels in an outcome)."""
+  EARLY_EXIT = "early_exit"  # Clients at exit while others wait for them.
+  STALLED = "stalled"  # One client idle in its own code, everyone else waiting.
+  ALL_WAITING = "all_waiting"  # Every client waits: a long computation or a deadlock.
+  OUT_OF_SYNC = "out_of_sync"  # Slots without the cluster's token (a restart).
+  FIRST_TOKENS = "first_tokens"  # The first beat did not spread client 0's token.
+
+
+EARLY_EXIT, STALLED, ALL_WAITING, OUT_OF_SYNC, FIRST_TOKENS = (
+    VerdictKind.EARLY_EXIT, VerdictKind.STALLED, VerdictKind.ALL_WAITING,
+    VerdictKind.OUT_OF_SYNC, VerdictKind.FIRST_TOKENS)
 
 
 class BeatLayout:
@@ -157,7 +166,7 @@ class Verdict:
       for `FIRST_TOKENS`: every token slot.
     cluster_token: For `OUT_OF_SYNC` and `FIRST_TOKENS`: the cluster's token.
   """
-  kind: str
+  kind: VerdictKind
   culprits: tuple[int, ...]
   seconds: int = 0
   waiting: tuple[int, ...] = ()
@@ -171,15 +180,16 @@ class Verdict:
     return self.cluster_token
 
   def to_json(self) -> dict[str, Any]:
-    return {"k": self.kind, "c": to_ranges(self.culprits), "s": self.seconds,
+    return {"k": self.kind.value, "c": to_ranges(self.culprits), "s": self.seconds,
             "w": to_ranges(self.waiting), "t": list(self.tokens),
             "ct": self.cluster_token}
 
   @classmethod
   def from_json(cls, data: dict[str, Any], n: int) -> Verdict:
-    kind = str(data["k"])
-    if kind not in (EARLY_EXIT, STALLED, ALL_WAITING, OUT_OF_SYNC, FIRST_TOKENS):
-      raise ValueError(f"an unknown verdict: {kind!r}")
+    try:
+      kind = VerdictKind(str(data["k"]))
+    except ValueError:
+      raise ValueError(f"an unknown verdict: {data['k']!r}") from None
     culprits = tuple(from_ranges(data["c"], n))
     tokens = tuple(int(t) for t in data.get("t", ()))
     if kind == OUT_OF_SYNC and len(tokens) != len(culprits):

@@ -730,3 +730,31 @@ def _wait_until(predicate, timeout=5.0):
   while not predicate():
     assert time.monotonic() < deadline, "timed out"
     time.sleep(0.01)
+
+
+class _Scripted(Exchange):
+  """One client's exchange that hands out the outcomes it is given, in order
+  (a client of the liveness links that beat once more without waiting, then
+  took the agreed end decided one beat before)."""
+
+  def __init__(self, outcomes):
+    self.outcomes = list(outcomes)
+
+  def open(self, decider=None, wake=None):
+    del decider, wake
+
+  def beat(self, row):
+    return self.outcomes.pop(0)
+
+  def close(self, timeout):
+    return True
+
+
+def test_the_agreed_end_is_the_beat_every_client_ends_at():
+  from jdtensor.heartbeat.verdicts import Outcome
+  script = [Outcome(0, 7), Outcome(1, 7), Outcome(2, 7), Outcome(3, 7),  # Its own.
+            Outcome(2, 7, end=True)]  # The end, decided at beat 2.
+  hb = beat(0.01, "log", 1, 2, exchange=_Scripted(script))
+  hb.start_threads()
+  assert hb.stopped.wait(5) and hb.failure is None
+  assert hb.beats == 2  # Not 3: every client ends at the agreed beat.
