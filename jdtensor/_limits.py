@@ -27,7 +27,8 @@ from typing import NamedTuple
 
 from jdtensor.errors import ConfigError, StartupError
 
-__all__ = ["OpenFiles", "ensure_open_files", "open_files_needed", "MachineLimits",
+__all__ = ["OpenFiles", "ensure_open_files", "open_files_needed", "launcher_files_needed",
+           "MachineLimits",
            "launch_capacity_problem", "ensure_launch_capacity"]
 
 # Descriptors a client needs per client of the run: client 0 a link, a
@@ -64,6 +65,12 @@ def open_files_needed(num_clients: int, client_id: int, open_now: int) -> int:
   already open."""
   per_client = PER_CLIENT_ON_CLIENT_0 if client_id == 0 else PER_CLIENT
   return open_now + SPARE + per_client * num_clients
+
+
+def launcher_files_needed(local_clients: int, open_now: int) -> int:
+  """Descriptors `jdtensor launch` needs for `local_clients`, with `open_now`
+  already open."""
+  return open_now + LAUNCHER_SPARE + PER_CLIENT_IN_LAUNCHER * local_clients
 
 
 def _open_now() -> int:
@@ -167,7 +174,7 @@ def launch_capacity_problem(local_clients: int, num_clients: int, runs_client_0:
     limits: The machine's (`MachineLimits.read`).
   """
   n = local_clients
-  launcher_need = limits.open_now + LAUNCHER_SPARE + PER_CLIENT_IN_LAUNCHER * n
+  launcher_need = launcher_files_needed(n, limits.open_now)
   client_0_need = open_files_needed(num_clients, 0, CLIENT_OPEN_AT_START)
   need = max(launcher_need, client_0_need if runs_client_0 else 0)
   hard = limits.files_hard
@@ -220,7 +227,7 @@ def ensure_launch_capacity(local_clients: int, num_clients: int, runs_client_0: 
                                     picks_ports, limits)
   if problem is not None:
     raise ConfigError(problem)
-  need = limits.open_now + LAUNCHER_SPARE + PER_CLIENT_IN_LAUNCHER * local_clients
+  need = launcher_files_needed(local_clients, limits.open_now)
   if limits.files_soft is not None and limits.files_soft < need:
     import resource  # pylint: disable=g-import-not-at-top
     resource.setrlimit(resource.RLIMIT_NOFILE,

@@ -248,10 +248,11 @@ def _plan(device_type: Any, num_logical_cpu_devices: Any,
   """Every argument and variable of `initialize_accelerator_system`, checked
   (DTensor's order and messages), as the runtime's `StartupPlan`."""
   if runtime.is_initialized():
-    marked = _env.read_client_process()
-    if marked is not None and marked[0] != os.getpid():
+    inherited = _env.read_inherited_client()
+    if inherited is not None:
       # A 'fork' child of an initialised client: a copy of its runtime.
-      raise StartupError(inherited_client_message(os.getpid(), marked[1], marked[0]))
+      raise StartupError(inherited_client_message(os.getpid(), inherited[1],
+                                                  inherited[0]))
     # DTensor-compatible message.
     raise AlreadyInitializedError(
         "Accelerator system has already been initialized. Call "

@@ -7,6 +7,7 @@ PURE: standard library only.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping, MutableMapping
 from typing import NamedTuple, cast
@@ -208,13 +209,16 @@ def read_user_runtime_dir(environ: Mapping[str, str] | None = None) -> str | Non
   return environ_or_default(environ).get(XDG_RUNTIME_DIR) or None
 
 
-def read_client_process(environ: Mapping[str, str] | None = None
-                        ) -> tuple[int, int, str] | None:
-  """``JDTENSOR_CLIENT_PROCESS``: (pid, client id, coordinator) of the
-  initialised client whose environment this is (or was inherited from);
-  None when unset or not jdtensor's own format."""
+def read_inherited_client(environ: Mapping[str, str] | None = None
+                          ) -> tuple[int, int, str] | None:
+  """``JDTENSOR_CLIENT_PROCESS`` when it marks another process: (its pid,
+  client id, coordinator); this process inherited an initialised client's
+  environment (a child of it). None when unset, this process's own mark, or
+  not jdtensor's format."""
   raw = environ_or_default(environ).get(JDTENSOR_CLIENT_PROCESS, "").split(" ", 2)
   if len(raw) != 3 or not (raw[0].isdigit() and raw[1].isdigit()):
+    return None
+  if int(raw[0]) == os.getpid():
     return None
   return int(raw[0]), int(raw[1]), raw[2]
 
@@ -222,7 +226,7 @@ def read_client_process(environ: Mapping[str, str] | None = None
 def mark_client_process(pid: int, client_id: int, coordinator: str,
                         environ: MutableMapping[str, str]) -> None:
   """Records in `environ` (an initialised client's own ``os.environ``) that
-  process `pid` is client `client_id`, for `read_client_process` in its
+  process `pid` is client `client_id`, for `read_inherited_client` in its
   children."""
   environ[JDTENSOR_CLIENT_PROCESS] = f"{pid} {client_id} {coordinator}"
 

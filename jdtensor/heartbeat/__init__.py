@@ -59,16 +59,16 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from jdtensor import _env, runtime
-from jdtensor._report import Reason, Report
 from jdtensor import _logging as logging
-from jdtensor.errors import NotInitializedError, PEER_FAILURE_EXIT_CODE, PeerFailureError
+from jdtensor._report import Reason, Report
+from jdtensor.errors import PEER_FAILURE_EXIT_CODE, NotInitializedError, PeerFailureError
 from jdtensor.heartbeat.departure import (Departure, ExitGuard, SystemExitWatch,
                                           describe_exception)
 from jdtensor.heartbeat.exchange import LinkExchange, ack_every_for
 from jdtensor.heartbeat.flight import MainThreadRecorder, format_stacks
 from jdtensor.heartbeat.interfaces import ProcessHooks
-from jdtensor.heartbeat.protocol import (CULPRIT_EXIT_GRACE, HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE,
-                                         Heartbeat)
+from jdtensor.heartbeat.protocol import (CULPRIT_EXIT_GRACE, HOST_EXIT_WAIT, POLICIES,
+                                         ROLL_CALL_GRACE, Heartbeat)
 
 # The contract (and the API reference). What jdtensor itself calls here
 # (`start_with`, `install_exit_guard`, `leave`, `tell_launcher_start_failed`)
@@ -116,9 +116,7 @@ def tell_launcher_start_failed(error: BaseException | None) -> None:
   """
   directory = _env.read_report_dir()
   raw = _env.process_environ().get(_env.DTENSOR_CLIENT_ID, "")
-  marked = _env.read_client_process()
-  if (not directory or not raw.isdecimal()
-      or (marked is not None and marked[0] != os.getpid())):
+  if not directory or not raw.isdecimal() or _env.read_inherited_client() is not None:
     return
   if error is None:
     try:

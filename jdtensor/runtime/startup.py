@@ -106,10 +106,11 @@ def _job_host_on_this_machine(env: _env.ClusterEnv) -> tuple[str, str] | None:
   return host, "IPv6" if family == socket.AF_INET6 else "IPv4"
 
 
-def _collectives_family(job_host: tuple[str, str] | None) -> str:
-  """`Hello.family`: the family gloo will listen on, '' when gloo is not used
-  (its one failure on mixed families comes at the first collective)."""
-  if job_host is None:
+def _collectives_family(job_host: tuple[str, str] | None, platform: str | None) -> str:
+  """`Hello.family`: the family gloo will listen on, '' where the run's
+  collectives are not gloo's (its one failure on mixed families comes at the
+  first collective; NCCL and TPUs do not mind)."""
+  if job_host is None or platform != "cpu":
     return ""
   import jax  # pylint: disable=g-import-not-at-top
   return job_host[1] if jax.config.jax_cpu_collectives_implementation == "gloo" else ""
@@ -162,9 +163,8 @@ def _refuse_a_second_runtime(env: _env.ClusterEnv) -> None:
   """At once, before any wait: a process where ``jax.distributed`` is up
   already, or a child that inherited an initialised client's DTENSOR_*,
   would otherwise fail after the start-up time-out with a port "in use"."""
-  inherited = _env.read_client_process()
-  if (inherited is not None and inherited[0] != os.getpid()
-      and inherited[1:] == (env.client_id, env.coordinator_address or "")):
+  inherited = _env.read_inherited_client()
+  if inherited is not None and inherited[1:] == (env.client_id, env.coordinator_address or ""):
     raise StartupError(inherited_client_message(os.getpid(), env.client_id,
                                                 inherited[0]))
   if "jax" in sys.modules and _jax_private().distributed_initialized():
@@ -224,7 +224,7 @@ def start_distributed(plan: StartupPlan, *, before_jax: Callable[[], None],
       rendezvous.Hello(env.client_id, env.num_clients, env.jobs,
                         plan.local_devices, env.heartbeat_enabled,
                         tuple(sorted(settings.items())), plan.gpus,
-                        _collectives_family(job_host)),
+                        _collectives_family(job_host, platform)),
       coordinator, bind, deadline, plan.secret)
   links = meeting.links
   shared = _env.fit_shared_gpu_memory(meeting.gpu_sharers)

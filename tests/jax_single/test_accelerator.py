@@ -225,3 +225,16 @@ def test_logs_go_through_absl_when_the_application_uses_it():
   assert std_run.returncode == 0, std_run.stderr
   assert "jdtensor This is client 0 of 1 clients" in std_run.stderr
   assert "jdtensor Global device IDs: [0 1]" in std_run.stderr
+
+
+@pytest.mark.parametrize("job_host, platform, family", [
+    (("::1", "IPv6"), "cpu", "IPv6"), (("127.0.0.1", "IPv4"), "cpu", "IPv4"),
+    (("::1", "IPv6"), "gpu", ""),  # NCCL does not mind a mix: never refused.
+    (("::1", "IPv6"), "tpu", ""), (None, "cpu", ""),  # JAX picks the address.
+])
+def test_the_hello_s_address_family_is_said_only_for_cpu_collectives(
+    job_host, platform, family):
+  import jax  # pylint: disable=g-import-not-at-top
+  from jdtensor.runtime import startup  # pylint: disable=g-import-not-at-top
+  assert jax.config.jax_cpu_collectives_implementation == "gloo"
+  assert startup._collectives_family(job_host, platform) == family  # pylint: disable=protected-access

@@ -90,7 +90,7 @@ FILES_FIX = ("Raise the hard limit where you launch: `ulimit -Hn {need}` (as roo
      "links and JAX's connections to every client); but a process here may open at "
      "most 20,000 (the hard RLIMIT_NOFILE; soft 1,024). "
      + FILES_FIX.format(need=400320, fit="4,920")),
-    ("client 0 on another node", 1000, 8000, True, True, ROOMY._replace(files_hard=20000),
+    ("client 0 here, of 8 nodes", 1000, 8000, True, True, ROOMY._replace(files_hard=20000),
      "-n 1000: the clients need about 32,320 open files: 4,070 in this launcher "
      "(4 per client: its output, its port, its log) and 32,320 in client 0 (its "
      "links and JAX's connections to every client); but a process here may open at "
