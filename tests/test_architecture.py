@@ -175,7 +175,7 @@ LAYERS = [
     ("the state owner", ["runtime.state", "runtime"]),
     ("runtime users", ["runtime.interop"]),
     ("heartbeat leaves", ["heartbeat.departure", "heartbeat.flight", "heartbeat.interfaces",
-                          "heartbeat.wording",
+                          "heartbeat.wording", "heartbeat.watchdog",
                           "heartbeat.stragglers", "heartbeat.verdicts", "heartbeat.protocol",
                           "heartbeat.exchange"]),
     ("heartbeat", ["heartbeat"]),

@@ -9,8 +9,10 @@ open-source build).
 
 The package: this module is the entry point (DTensor's ``start``, and how a
 client leaves, below) and wires the parts together; `protocol` is the
-protocol itself (beats, watchdog, verdicts, policies: `protocol.Heartbeat`),
-given the three small objects of `interfaces`; `exchange` is the production
+protocol itself (the beat thread, the verdicts said, the policies:
+`protocol.Heartbeat`, given the three small objects of `interfaces`);
+`verdicts` decides what a merged beat means and `wording` says it;
+`watchdog` times the beats; `exchange` is the production
 exchange on the liveness links; `flight` records what the main thread is
 doing; `departure` reads how the process is leaving.
 
@@ -23,6 +25,27 @@ links (`exchange.LinkExchange`: client 0 adds the rows up and sends the sum
 back), connections every client holds from the start-up handshake. The
 user's ``jax.devices()``, ``jax.make_mesh``, ``multihost_utils``, ``pmap``
 and orbax see exactly what raw ``jax.distributed`` shows.
+
+**The verdicts.** Every client reaches the same one at the same beat:
+
+* **dead** (the process is gone): the liveness links, within milliseconds;
+* **stuck** (alive, but its heartbeat cannot run: SIGSTOP, swap, a GIL held
+  by C code): a beat not done within the stuck time-out; a roll call names
+  who did not join it. A client that finds it was itself frozen that long
+  names itself;
+* **stalled** (alive and beating, but its main thread never joins the
+  collective the others wait in): one client running its own code for the
+  stall time-out while every other client has waited, idle, in a collective
+  spanning every client for as long;
+* **left early** (its script ended while the others still wait for it in a
+  collective): a client at exit while another has waited, idle, for
+  `exit_grace` seconds;
+* **left with a failure** (an exception, a non-zero exit): announced by the
+  client itself as it leaves;
+* **out of sync** (a restarted client): a slot without the cluster's token.
+
+A client that is finished (at exit) only logs what happens to the others; one
+that is leaving with a failure no longer reacts at all.
 
 **Leaving is announced** (`install_exit_guard`, `leave`): an unhandled
 exception or a non-zero ``sys.exit`` is told to every client at once over the

@@ -1,4 +1,4 @@
-"""The heartbeat protocol: beats, the watchdog, the verdicts and the policies.
+"""The heartbeat protocol: the beat thread, the verdicts said and the policies.
 
 No JAX and no sockets here: the exchange (the beat and its store), the
 peers (the liveness links), the process's hooks and the main-thread recorder
@@ -11,26 +11,9 @@ DTensor's token, a stop request, and what its main thread is doing
 (`jdtensor.heartbeat.flight`: phase, seconds in it, how busy the process
 was). Where the rows meet, a `Decider` turns them into one outcome, which
 every client receives, so every client reaches the same verdict at the same
-beat (`jdtensor.heartbeat.verdicts` says how each is decided):
-
-* **dead** (the process is gone): the liveness links, within milliseconds;
-* **stuck** (alive, but its heartbeat cannot run: SIGSTOP, swap, a GIL held
-  by C code): a beat not done within the stuck time-out; a roll call names
-  who did not join it. A client that finds it was itself frozen that long
-  names itself;
-* **stalled** (alive and beating, but its main thread never joins the
-  collective the others wait in): one client running its own code for the
-  stall time-out while every other client has waited, idle, in a collective
-  spanning every client for as long;
-* **left early** (its script ended while the others still wait for it in a
-  collective): a client at exit while another has waited, idle, for
-  `exit_grace` seconds;
-* **left with a failure** (an exception, a non-zero exit): announced by the
-  client itself as it leaves;
-* **out of sync** (a restarted client): a slot without the cluster's token.
-
-A client that is finished (at exit) only logs what happens to the others; one
-that is leaving with a failure no longer reacts at all.
+beat (`jdtensor.heartbeat.verdicts` decides, `jdtensor.heartbeat.wording`
+words them; the list of verdicts is in `jdtensor.heartbeat`). A `Watchdog`
+thread times the beats.
 """
 
 from __future__ import annotations
@@ -50,6 +33,7 @@ from jdtensor.heartbeat import wording
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
+from jdtensor.heartbeat.watchdog import Watchdog
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          IDLE_PERCENT, OUT_OF_SYNC, STALLED,
                                          BeatLayout, Decider, Outcome, Row, Verdict)
@@ -66,9 +50,6 @@ FIRST_EXCHANGE_ALLOWANCE = 30.0
 # Seconds an overdue beat's roll call waits for the healthy clients to answer
 # (they are blocked in the same beat, and their deadlines expire together).
 ROLL_CALL_GRACE = 1.0
-# Seconds the watchdog may be late before it concludes its process was frozen.
-_PAUSE_TOLERANCE = 2.0
-_TICK = 1.0
 # Seconds client 0, which hosts the coordination services, waits for the
 # other clients' processes to end before its own exit (their JAX clients
 # abort the moment the service is gone).
@@ -198,8 +179,10 @@ class Heartbeat:
     self.leaving: set[int] = set()  # Clients that announced they are leaving.
     self.own_state: tuple[int, int, int] | None = None  # Last row's phase, s, busy.
     self._fail_lock = threading.Lock()
-    self._beat_started: float | None = None
-    self._beat_changed = threading.Condition()  # Wakes the watchdog.
+    self.watchdog = Watchdog(self._clock, self.stuck_timeout, self.stopped,
+                             on_overdue=lambda: self._fail_missed(
+                                 self._exchanged + 1, self.stuck_timeout, ""),
+                             on_frozen=self._was_frozen, on_error=self._own_failure)
     self._last_beat = self._clock()  # Every client was alive then.
     self._threads: list[threading.Thread] = []
 
@@ -217,19 +200,15 @@ class Heartbeat:
     rest of this code is this client's own (see `_run`).
     """
     started = self._clock()
-    with self._beat_changed:
-      self._beat_started = started
-      self._beat_changed.notify_all()
+    self.watchdog.beat_started(started)
     try:
       outcome = self._exchange.beat(row)  # type: ignore[union-attr]
     except Exception as e:  # pylint: disable=broad-except
       self._fail_missed(self._exchanged + 1, self.stuck_timeout,
                         f" (the beat failed: {_first_line(e)})")
       return None
-    with self._beat_changed:
-      self._last_beat = self._clock()
-      self._beat_started = None
-      self._beat_changed.notify_all()
+    self._last_beat = self._clock()
+    self.watchdog.beat_ended()
     self.beat_seconds += self._last_beat - started
     return outcome
 
@@ -302,8 +281,7 @@ class Heartbeat:
       self._own_failure(e)
     finally:
       self.stopped.set()
-      with self._beat_changed:
-        self._beat_changed.notify_all()
+      self.watchdog.wake()
 
   def _loop(self) -> None:
     logging.info("Starting a heartbeat thread")
@@ -471,28 +449,7 @@ class Heartbeat:
       return
     self._fail(wording.late_for_collective(late, waited), late)
 
-  # -- the watchdog -------------------------------------------------------------
-
-  def _watch(self) -> None:
-    """Wakes every second: a beat past the stuck time-out is a failure, and a
-    wake-up far later than asked means this process itself was frozen."""
-    try:
-      tick = self._clock()
-      with self._beat_changed:
-        while not self.stopped.is_set():
-          self._beat_changed.wait(_TICK)
-          now = self._clock()
-          frozen = now - tick - _TICK
-          tick = now
-          if frozen > _PAUSE_TOLERANCE:
-            self._was_frozen(frozen)
-          started = self._beat_started
-          if started is not None and now - started > self.stuck_timeout:
-            break
-      if not self.stopped.is_set():
-        self._fail_missed(self._exchanged + 1, self.stuck_timeout, "")
-    except BaseException as e:  # pylint: disable=broad-except
-      self._own_failure(e)
+  # -- what the watchdog finds ------------------------------------------------
 
   def _was_frozen(self, seconds: float) -> None:
     if seconds >= self.stuck_timeout:
@@ -588,8 +545,7 @@ class Heartbeat:
     if self.policy == "raise" and self.exiting is None:
       self._process.on_failure(error)
     self.stopped.set()
-    with self._beat_changed:
-      self._beat_changed.notify_all()
+    self.watchdog.wake()
 
   def _own_failure(self, error: BaseException) -> None:
     """An exception in the heartbeat's own code: this client's failure."""
@@ -642,7 +598,7 @@ class Heartbeat:
     """Starts the beat thread and, with an exchange, the watchdog."""
     targets = [(self._run, "jdtensor-heartbeat")]
     if self._exchange is not None:
-      targets.append((self._watch, "jdtensor-heartbeat-watchdog"))
+      targets.append((self.watchdog.run, "jdtensor-heartbeat-watchdog"))
     for target, name in targets:
       thread = threading.Thread(target=target, daemon=True, name=name)
       thread.start()
@@ -673,8 +629,7 @@ class Heartbeat:
       self.exiting = Exiting.FAILED
       failure = self.failure
     self.stopped.set()
-    with self._beat_changed:
-      self._beat_changed.notify_all()
+    self.watchdog.wake()
     return failure
 
   def stop(self, timeout: float | None = None) -> bool:
