@@ -286,6 +286,24 @@ def _own_view(statuses: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | Non
              if k in ("window", "threshold")}}
 
 
+def stall_line(view: Mapping[str, Any]) -> str:
+  """How long a stall must last now: the learnt time-out and what it was
+  learnt from, or the set one ('' where the view does not say)."""
+  timeout = view.get("stall_timeout")
+  if timeout is None:
+    return ""
+  if not timeout:
+    return "Stall time-out: off (JDTENSOR_STALL_TIMEOUT=0)."
+  ceiling = view.get("stall_ceiling", timeout)
+  if not view.get("stall_learnt"):
+    return f"Stall time-out: {timeout:g} s (JDTENSOR_STALL_TIMEOUT; not learnt)."
+  longest = view.get("stall_longest")
+  seen = ("no idle pause seen" if longest is None
+          else f"longest idle pause {longest:g} s")
+  return (f"Stall time-out: {timeout:g} s, learnt ({seen}; floor "
+          f"{view.get('stall_floor', 0):g} s, ceiling {ceiling:g} s).")
+
+
 def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, Any]],
                   now: float | None = None) -> str:
   """The table `jdtensor status` prints for one run."""
@@ -325,6 +343,9 @@ def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, An
   lines += ["", f"waiting: share of the last {window:g} s each client spent waiting "
             f"in collectives; waited for: share the others spent waiting for it "
             f"(straggler above {view.get('threshold', 0):g}%). Beat data {age:.1f} s old."]
+  stall = stall_line(view)
+  if stall:
+    lines.append(stall)
   if "only" in view:
     lines.append("Only this node's clients: client 0, on another node, decides the "
                  "beats and keeps every client's view and the waiting shares.")

@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 from jdtensor._env.names import (JDTENSOR_COORDINATION_TIMEOUT,
                                  JDTENSOR_HEARTBEAT_PERIOD, JDTENSOR_HEARTBEAT_POLICY,
-                                 JDTENSOR_STALL_KILL_ALL_WAITING,
-                                 JDTENSOR_STALL_TIMEOUT, JDTENSOR_STRAGGLER_THRESHOLD,
+                                 JDTENSOR_STALL_FLOOR, JDTENSOR_STALL_KILL_ALL_WAITING,
+                                 JDTENSOR_STALL_LEARN, JDTENSOR_STALL_TIMEOUT, JDTENSOR_STRAGGLER_THRESHOLD,
                                  JDTENSOR_STRAGGLER_WINDOW, JDTENSOR_STUCK_TIMEOUT)
 from jdtensor._env.parse import MAX_TIMEOUT, environ_or_default, parse_timeout, read_bool
 from jdtensor._env.runtime_env import Timeouts, _coordination_timeout_variable
@@ -43,7 +43,17 @@ class HeartbeatSettings(NamedTuple):
       JAX's own coordination heartbeat (100 s), which aborts every client.
     stall_timeout: Seconds a client may go without joining the collective
       every other client waits in before it is named stalled
-      (``JDTENSOR_STALL_TIMEOUT``, default 300; 0 disables).
+      (``JDTENSOR_STALL_TIMEOUT``, default 300; 0 disables); with
+      `stall_learn`, the ceiling of the learnt time-out.
+    stall_learn: Learn the stall time-out from the run
+      (``JDTENSOR_STALL_LEARN``, default true;
+      `jdtensor.heartbeat.verdicts.StallTimeout`): after a warm-up, the
+      longest idle pause of a client's own code that the others waited for,
+      times `STALL_SAFETY_FACTOR`, between `stall_floor` and `stall_timeout`.
+    stall_floor: The learnt time-out's floor (``JDTENSOR_STALL_FLOOR``,
+      default 30, at most `stall_timeout`; one not set is lowered to it): a
+      rare idle pause shorter than this (a slow data load, a file system
+      hiccup) is never a stall, however steady the run was before.
     stall_kill_all_waiting: When every client has waited in a collective for
       the stall timeout (a long computation, or a deadlock), fail the run
       instead of only logging each client's stack
@@ -60,6 +70,8 @@ class HeartbeatSettings(NamedTuple):
   stuck_timeout: float = 60.0
   stall_timeout: float = 300.0
   stall_kill_all_waiting: bool = False
+  stall_learn: bool = True
+  stall_floor: float = 30.0
   straggler_threshold: float = 30.0
   straggler_window: float = 60.0
 
@@ -70,6 +82,8 @@ class HeartbeatSettings(NamedTuple):
             JDTENSOR_STUCK_TIMEOUT: self.stuck_timeout,
             JDTENSOR_STALL_TIMEOUT: self.stall_timeout,
             JDTENSOR_STALL_KILL_ALL_WAITING: self.stall_kill_all_waiting,
+            JDTENSOR_STALL_LEARN: self.stall_learn,
+            JDTENSOR_STALL_FLOOR: self.stall_floor,
             JDTENSOR_STRAGGLER_THRESHOLD: self.straggler_threshold,
             JDTENSOR_STRAGGLER_WINDOW: self.straggler_window}
 
@@ -287,6 +301,20 @@ def _read(env: Mapping[str, str], period: float | None, policy: str | None,
   raw = env.get(JDTENSOR_STALL_TIMEOUT)
   stall = (defaults.stall_timeout if raw is None else
            _seconds(JDTENSOR_STALL_TIMEOUT, raw, 1.0, MAX_TIMEOUT, zero_ok=True))
+  raw = env.get(JDTENSOR_STALL_FLOOR)
+  if raw is None:  # The default never exceeds the ceiling the user set.
+    floor = min(defaults.stall_floor, stall) if stall > 0 else defaults.stall_floor
+  else:
+    floor = _seconds(JDTENSOR_STALL_FLOOR, raw, 1.0, MAX_TIMEOUT)
+    if 0 < stall < floor:
+      if JDTENSOR_STALL_TIMEOUT not in env:  # The ceiling follows the floor set.
+        stall = floor
+      else:
+        raise ConfigError(
+            f"{JDTENSOR_STALL_FLOOR}={raw!r} is above "
+            f"{JDTENSOR_STALL_TIMEOUT}={env[JDTENSOR_STALL_TIMEOUT]!r}: the learnt "
+            "stall time-out lies between the two; lower the floor or raise "
+            f"{JDTENSOR_STALL_TIMEOUT}.")
   raw = env.get(JDTENSOR_STRAGGLER_THRESHOLD)
   threshold = defaults.straggler_threshold if raw is None else _percent(
       JDTENSOR_STRAGGLER_THRESHOLD, raw)
@@ -297,6 +325,7 @@ def _read(env: Mapping[str, str], period: float | None, policy: str | None,
       period=period_value, policy=policy_value, stuck_timeout=stuck,
       stall_timeout=stall,
       stall_kill_all_waiting=read_bool(JDTENSOR_STALL_KILL_ALL_WAITING, False, env),
+      stall_learn=read_bool(JDTENSOR_STALL_LEARN, True, env), stall_floor=floor,
       straggler_threshold=threshold, straggler_window=window), coordination_value, notes
 
 

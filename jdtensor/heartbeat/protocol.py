@@ -36,7 +36,8 @@ from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.watchdog import Watchdog
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          IDLE_PERCENT, OUT_OF_SYNC, STALLED,
-                                         BeatLayout, Decider, Outcome, Row, Verdict)
+                                         BeatLayout, Decider, Outcome, Row, StallTimeout,
+                                         Verdict)
 from jdtensor._report import Reason
 from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE, PeerFailureError
 
@@ -146,7 +147,9 @@ class Heartbeat:
     self._process = process
     # Decides this client's beats where the exchange hands it every row (on
     # the liveness links: client 0's decides for everyone).
-    self.decider = Decider(num_clients, self.exit_grace, self.stall_timeout,
+    self.decider = Decider(num_clients, self.exit_grace,
+                           StallTimeout(self.stall_timeout, settings.stall_floor,
+                                        settings.stall_learn, self.period),
                            WaitLedger(num_clients, settings.straggler_window,
                                       settings.straggler_threshold, self.period),
                            self._clock)
@@ -381,8 +384,9 @@ class Heartbeat:
     lock.)"""
     if self._has_joined:
       return True
-    if phase in (IN_JAX, WAITING) or (self.stall_timeout > 0 and phase == RUNNING
-                                      and seconds >= self.stall_timeout / 2):
+    shortest = self.decider.stall.floor if self.decider.stall.learn else self.stall_timeout
+    if phase in (IN_JAX, WAITING) or (shortest > 0 and phase == RUNNING
+                                      and seconds >= shortest / 2):
       self._has_joined = bool(self._joined_collective())
     return self._has_joined
 
@@ -397,8 +401,7 @@ class Heartbeat:
       self._fail(wording.early_exit(gone, verdict.waiting), gone, told=True)
     elif verdict.kind == STALLED:
       staller = verdict.culprits[0]
-      self._stalled(staller, verdict.seconds, beat,
-                    [c for c in range(n) if c != staller])
+      self._stalled(staller, verdict, beat, [c for c in range(n) if c != staller])
     elif verdict.kind == ALL_WAITING:
       reason = wording.every_client_waiting(self.stall_timeout, self.client_id,
                                             self.recorder.where())
@@ -407,7 +410,7 @@ class Heartbeat:
       else:
         logging.warning("%s", reason.heartbeat_line())
 
-  def _stalled(self, staller: int, seconds: int, beat: int, waiters: list[int]
+  def _stalled(self, staller: int, verdict: Verdict, beat: int, waiters: list[int]
                ) -> None:
     key = f"stall/{beat}"
     if staller == self.client_id:
@@ -415,7 +418,10 @@ class Heartbeat:
       self._share(key, where)
     else:
       where = self._fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
-    self._fail(wording.stalled(staller, where, seconds, waiters),
+    stall = self.decider.stall
+    self._fail(wording.stalled(staller, where, verdict.seconds, waiters,
+                               timeout=verdict.timeout, learnt=verdict.learnt,
+                               floor=stall.floor, ceiling=stall.ceiling),
                [staller], exit_code=(OWN_FAILURE_EXIT_CODE
                                      if staller == self.client_id else PEER_FAILURE_EXIT_CODE),
                told=True, culprit_wait=CULPRIT_EXIT_GRACE)  # It ends itself.

@@ -31,6 +31,7 @@ from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "Decider", "judge",
+           "StallTimeout", "STALL_SAFETY_FACTOR", "STALL_WARM_UP_BEATS",
            "IDLE_PERCENT", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
            "FIRST_TOKENS", "to_ranges", "from_ranges"]
 
@@ -38,6 +39,14 @@ __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "Decider", 
 # uses less than this share of one core (a process that computes the rest of
 # a program after the collective is busy, not blocked).
 IDLE_PERCENT = 25
+# The learnt stall time-out is the longest idle pause seen, times this: a
+# step's idle part varies, and a pause five times the longest the run has
+# shown is not its rhythm.
+STALL_SAFETY_FACTOR = 5.0
+# Beats, at least, the run is watched past its set-up before the learnt
+# time-out applies (and then at least the floor's worth of seconds): the
+# first steps (compilation, warming caches) teach nothing.
+STALL_WARM_UP_BEATS = 10
 # The phase slot's bit that says a client has not joined a collective yet
 # (above every phase).
 _NOT_JOINED = 8
@@ -165,6 +174,9 @@ class Verdict:
     tokens: For `OUT_OF_SYNC`: each culprit's token, in `culprits`' order;
       for `FIRST_TOKENS`: every token slot.
     cluster_token: For `OUT_OF_SYNC` and `FIRST_TOKENS`: the cluster's token.
+    timeout: For `STALLED`: the stall time-out it was named under, seconds.
+    learnt: For `STALLED` under a learnt time-out: the longest idle pause
+      it was learnt from, seconds; None under the set time-out.
   """
   kind: VerdictKind
   culprits: tuple[int, ...]
@@ -172,6 +184,8 @@ class Verdict:
   waiting: tuple[int, ...] = ()
   tokens: tuple[int, ...] = ()
   cluster_token: int = 0
+  timeout: float = 0.0
+  learnt: float | None = None
 
   def token_of(self, client: int) -> int:
     """The token `client`'s slot held (`OUT_OF_SYNC`)."""
@@ -180,9 +194,12 @@ class Verdict:
     return self.cluster_token
 
   def to_json(self) -> dict[str, Any]:
-    return {"k": self.kind.value, "c": to_ranges(self.culprits), "s": self.seconds,
-            "w": to_ranges(self.waiting), "t": list(self.tokens),
-            "ct": self.cluster_token}
+    out = {"k": self.kind.value, "c": to_ranges(self.culprits), "s": self.seconds,
+           "w": to_ranges(self.waiting), "t": list(self.tokens),
+           "ct": self.cluster_token, "to": self.timeout}
+    if self.learnt is not None:
+      out["lf"] = self.learnt
+    return out
 
   @classmethod
   def from_json(cls, data: dict[str, Any], n: int) -> Verdict:
@@ -194,9 +211,11 @@ class Verdict:
     tokens = tuple(int(t) for t in data.get("t", ()))
     if kind == OUT_OF_SYNC and len(tokens) != len(culprits):
       raise ValueError("a token per culprit expected")
+    learnt = data.get("lf")
     return cls(kind, culprits, int(data.get("s", 0)),
                tuple(from_ranges(data.get("w", ()), n)), tokens,
-               int(data.get("ct", 0)))
+               int(data.get("ct", 0)), float(data.get("to", 0.0)),
+               None if learnt is None else float(learnt))
 
 
 # An outcome without news: beat, token, whether the run ends (a kind byte
@@ -257,9 +276,26 @@ class Outcome:
     return cls(int(data["b"]), int(data["t"]), bool(data.get("e")), verdict, stragglers)
 
 
+def stall_pattern(phases: np.ndarray, busy: np.ndarray, joined: np.ndarray
+                  ) -> int | None:
+  """The one client running its own code, idle and past its set-up, while
+  every other client waits, idle, in a collective; None if the beat does not
+  look like that (whatever the seconds)."""
+  running = np.flatnonzero(phases == RUNNING)
+  if running.size != 1:
+    return None
+  runner = int(running[0])
+  blocked = (phases == WAITING) & (busy < IDLE_PERCENT)
+  if busy[runner] >= IDLE_PERCENT or not joined[runner]:
+    return None
+  if int(np.count_nonzero(blocked)) != len(phases) - 1:
+    return None
+  return runner
+
+
 def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
-          joined: np.ndarray, exit_grace: float, stall_timeout: float
-          ) -> Verdict | None:
+          joined: np.ndarray, exit_grace: float, stall_timeout: float,
+          all_waiting_timeout: float | None = None) -> Verdict | None:
   """The verdict of one merged beat's states, if any (the token check and
   the agreed end come first: `Decider.decide`).
 
@@ -267,8 +303,11 @@ def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
     idle, in a collective as long;
   * stalled: one client running its own code, idle and past its set-up, for
     the stall time-out, while every other client has waited, idle, as long;
-  * every client waiting for the stall time-out (`ALL_WAITING`).
+  * every client waiting for `all_waiting_timeout` (default: the stall
+    time-out; never the learnt one: a long computation looks the same).
   """
+  if all_waiting_timeout is None:
+    all_waiting_timeout = stall_timeout
   n = len(phases)
   waiting_now = phases == WAITING
   blocked = waiting_now & (busy < IDLE_PERCENT)
@@ -284,15 +323,90 @@ def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
   # A staller runs its own code, idle, for the whole time-out, after its
   # set-up (a slow first step is not a stall); a busy client is slow, not
   # stalled.
-  running = (phases == RUNNING) & (seconds >= stall_timeout)
-  idle = np.flatnonzero(running & (busy < IDLE_PERCENT) & joined)
-  long_wait = int(np.count_nonzero(blocked & (seconds >= stall_timeout)))
-  if int(np.count_nonzero(running)) == 1 and idle.size == 1 and long_wait == n - 1:
-    staller = int(idle[0])
-    return Verdict(STALLED, (staller,), seconds=int(seconds[staller]))
-  if long_wait == n:
+  staller = stall_pattern(phases, busy, joined)
+  if staller is not None and stall_length(staller, seconds) >= stall_timeout:
+    return Verdict(STALLED, (staller,), seconds=int(seconds[staller]),
+                   timeout=stall_timeout)
+  if int(np.count_nonzero(blocked & (seconds >= all_waiting_timeout))) == n:
     return Verdict(ALL_WAITING, tuple(range(n)))
   return None
+
+
+def stall_length(runner: int, seconds: np.ndarray) -> float:
+  """How long the stall pattern has held: the runner's seconds in its own
+  code and every waiter's in its wait, whichever is shortest."""
+  return float(min(int(seconds[runner]), int(np.delete(seconds, runner).min())))
+
+
+class StallTimeout:
+  """The stall time-out a run has earned: learnt from its own rhythm.
+
+  The quantity is the one the stall verdict measures: how long one client
+  ran its own code, idle, while every other client waited in a collective
+  (`stall_pattern`, `stall_length`). Each such pause counts once it is over
+  (the runner joined the others), so a stall in progress never teaches
+  itself. Once the run has been watched past its set-up for
+  `STALL_WARM_UP_BEATS` beats and the floor's worth of seconds (the first
+  steps teach nothing), the time-out is the longest pause seen since, times
+  `STALL_SAFETY_FACTOR`, never below `floor` and never above `ceiling` (the
+  set ``JDTENSOR_STALL_TIMEOUT``). Without learning, or before the warm-up
+  ends, it is the ceiling.
+
+  Deterministic in the beats alone: every client that decides the same
+  beats gets the same time-out.
+
+  Args:
+    ceiling: ``JDTENSOR_STALL_TIMEOUT`` (0: no stall verdicts at all).
+    floor: ``JDTENSOR_STALL_FLOOR``.
+    learn: ``JDTENSOR_STALL_LEARN``.
+    period: The heartbeat's period (the warm-up's seconds, in beats).
+  """
+
+  def __init__(self, ceiling: float, floor: float = 0.0, learn: bool = False,
+               period: float = 1.0):
+    self.ceiling, self.floor = float(ceiling), min(float(floor), float(ceiling))
+    self.learn = learn and ceiling > 0 and self.floor < self.ceiling
+    self._warm_up = max(STALL_WARM_UP_BEATS, int(np.ceil(self.floor / max(period, 1e-3))))
+    self.watched = 0  # Beats watched past set-up.
+    self.longest: float | None = None  # The longest pause over, after the warm-up.
+    self._pause: tuple[int, float] | None = None  # (runner, length) in progress.
+
+  @property
+  def warmed_up(self) -> bool:
+    return self.watched >= self._warm_up
+
+  @property
+  def learnt(self) -> bool:
+    """Whether `value` is learnt (not the ceiling)."""
+    return self.learn and self.warmed_up
+
+  @property
+  def value(self) -> float:
+    """The stall time-out now, seconds."""
+    if not self.learnt:
+      return self.ceiling
+    longest = self.longest or 0.0
+    return min(self.ceiling, max(self.floor, STALL_SAFETY_FACTOR * longest))
+
+  def observe(self, phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
+              joined: np.ndarray) -> None:
+    """Takes one beat past the set-up (`Decider` calls it once the waiting
+    ledger runs)."""
+    if not self.learn:
+      return
+    self.watched += 1
+    runner = stall_pattern(phases, busy, joined)
+    pause = None if runner is None else (runner, stall_length(runner, seconds))
+    if (self._pause is not None and self.warmed_up
+        and (pause is None or pause[0] != self._pause[0] or pause[1] < self._pause[1])):
+      self.longest = max(self.longest or 0.0, self._pause[1])  # That pause is over.
+    self._pause = pause
+
+  def status(self) -> dict[str, Any]:
+    """For `jdtensor status`: the time-out now and how it was reached."""
+    return {"stall_timeout": self.value, "stall_learnt": self.learnt,
+            "stall_longest": self.longest, "stall_floor": self.floor,
+            "stall_ceiling": self.ceiling}
 
 
 class Decider:
@@ -302,16 +416,20 @@ class Decider:
     num_clients: Number of clients.
     exit_grace: Seconds a client at exit and a blocked waiter make an early
       exit.
-    stall_timeout: The stall time-out (0: off).
+    stall_timeout: The stall time-out (0: off), or one to learn
+      (`StallTimeout`).
     ledger: The waiting ledger (stragglers).
     clock: Monotonic seconds (the waiting shares' run time).
   """
 
-  def __init__(self, num_clients: int, exit_grace: float, stall_timeout: float,
+  def __init__(self, num_clients: int, exit_grace: float,
+               stall_timeout: float | StallTimeout,
                ledger: WaitLedger, clock: Callable[[], float]):
     self.num_clients = num_clients
     self.layout = BeatLayout(num_clients)
-    self.exit_grace, self.stall_timeout = exit_grace, stall_timeout
+    self.exit_grace = exit_grace
+    self.stall = (stall_timeout if isinstance(stall_timeout, StallTimeout)
+                  else StallTimeout(stall_timeout))
     self.waits = ledger
     self._clock = clock
     self.token = 0
@@ -344,7 +462,12 @@ class Decider:
     stragglers = self._count_waits(phases, joined)
     if merged[self.layout.stop] > 0 or bool(np.all(phases == AT_EXIT)):
       return Outcome(beat, self.token, end=True, stragglers=stragglers)
-    verdict = judge(phases, seconds, busy, joined, self.exit_grace, self.stall_timeout)
+    if self.waits_since is not None:
+      self.stall.observe(phases, seconds, busy, joined)
+    verdict = judge(phases, seconds, busy, joined, self.exit_grace, self.stall.value,
+                    self.stall.ceiling)
+    if verdict is not None and verdict.kind == STALLED and self.stall.learnt:
+      verdict = dataclasses.replace(verdict, learnt=self.stall.longest or 0.0)
     if verdict is not None and verdict.kind == ALL_WAITING:
       if self._all_waiting_said:
         verdict = None
@@ -406,7 +529,7 @@ class Decider:
       return {}
     phases, seconds, busy, _ = self.view
     return {"phases": phases.tolist(), "seconds": seconds.tolist(),
-            "busy": busy.tolist(),
+            "busy": busy.tolist(), **self.stall.status(),
             "waiting": [round(float(v), 1) for v in self.waits.waiting()],
             "waited_for": [round(float(v), 1) for v in self.waits.waited_for()]}
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from jdtensor._ids import LISTED, ids_text
 from jdtensor._report import Reason
+from jdtensor.heartbeat.verdicts import STALL_SAFETY_FACTOR
 
 __all__ = ["names", "early_exit", "stalled", "every_client_waiting", "wrong_sum",
            "out_of_sync_here", "out_of_sync", "late_for_collective", "frozen",
@@ -38,11 +39,21 @@ def early_exit(gone_: Sequence[int], waiting: Sequence[int]) -> Reason:
                 "collective)", tuple(gone_))
 
 
-def stalled(staller: int, where: str, seconds: int, waiters: Sequence[int]) -> Reason:
-  """A client running its own code while every other waits in a collective."""
+def stalled(staller: int, where: str, seconds: int, waiters: Sequence[int], *,
+            timeout: float = 0.0, learnt: float | None = None, floor: float = 0.0,
+            ceiling: float = 0.0) -> Reason:
+  """A client running its own code while every other waits in a collective;
+  under a learnt time-out (`learnt`: the longest pause it was learnt from),
+  the time-out and how it was learnt."""
+  how = ""
+  if learnt is not None:
+    how = (f" (stall time-out {timeout:g} s, learnt from this run: "
+           f"{STALL_SAFETY_FACTOR:g} x its longest idle pause, {learnt:g} s, "
+           f"at least {floor:g} s; JDTENSOR_STALL_TIMEOUT {ceiling:g} s is the "
+           "ceiling, JDTENSOR_STALL_LEARN=false turns learning off)")
   return Reason(f"client {staller} stalled: main thread in {where} for {seconds} s "
                 f"while {names(waiters)} {_verb(waiters, 'waits', 'wait')} in a "
-                "collective", (staller,))
+                f"collective{how}", (staller,))
 
 
 def every_client_waiting(stall_timeout: float, me: int, where: str) -> Reason:

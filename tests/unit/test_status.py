@@ -128,3 +128,19 @@ def test_the_status_table_of_a_node_without_client_0():
                               "2", "400", "MiB", "36", "0", "-", "-"]
   assert lines[4].split()[:4] == ["5", "own", "code", "8.0"]
   assert len(lines) == 8 and lines[-1].startswith("Only this node's clients: client 0")
+
+
+@pytest.mark.parametrize("view, line", [
+    ({}, ""),
+    ({"stall_timeout": 0}, "Stall time-out: off (JDTENSOR_STALL_TIMEOUT=0)."),
+    ({"stall_timeout": 300.0, "stall_learnt": False, "stall_ceiling": 300.0},
+     "Stall time-out: 300 s (JDTENSOR_STALL_TIMEOUT; not learnt)."),
+    ({"stall_timeout": 30.0, "stall_learnt": True, "stall_longest": None,
+      "stall_floor": 30.0, "stall_ceiling": 300.0},
+     "Stall time-out: 30 s, learnt (no idle pause seen; floor 30 s, ceiling 300 s)."),
+    ({"stall_timeout": 42.5, "stall_learnt": True, "stall_longest": 8.5,
+      "stall_floor": 30.0, "stall_ceiling": 300.0},
+     "Stall time-out: 42.5 s, learnt (longest idle pause 8.5 s; floor 30 s, ceiling 300 s)."),
+], ids=["unknown", "off", "set", "learnt-floor", "learnt"])
+def test_status_shows_the_stall_time_out_in_force(view, line):
+  assert _status.stall_line(view) == line

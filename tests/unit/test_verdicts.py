@@ -10,7 +10,7 @@ from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          OUT_OF_SYNC, STALLED, BeatLayout, Decider,
-                                         Outcome, Row, Verdict, from_ranges, judge,
+                                         Outcome, Row, StallTimeout, Verdict, from_ranges, judge,
                                          to_ranges)
 
 W, R, J, X = WAITING, RUNNING, IN_JAX, AT_EXIT
@@ -28,7 +28,7 @@ def _judge(states, joined=None, exit_grace=3.0, stall=300.0):
     ([(W, 4, 1), (X, 2, 0)], None, 300, None),  # At exit for less than the grace.
     ([(W, 9, 80), (X, 9, 0)], None, 300, None),  # The waiter computes.
     # A stall: one idle runner past set-up, everyone else blocked as long.
-    ([(W, 301, 1), (R, 301, 0), (W, 305, 2)], None, 300, Verdict(STALLED, (1,), seconds=301)),
+    ([(W, 301, 1), (R, 301, 0), (W, 305, 2)], None, 300, Verdict(STALLED, (1,), seconds=301, timeout=300)),
     ([(W, 301, 1), (R, 301, 0), (W, 305, 2)], [True, False, True], 300, None),
     ([(W, 301, 1), (R, 301, 0), (W, 305, 2)], None, 0, None),  # Switched off.
     ([(W, 301, 1), (R, 301, 90), (W, 305, 2)], None, 300, None),  # Busy: slow.
@@ -47,7 +47,7 @@ def test_judge_at_pod_scale_names_one_staller_among_4096():
   n = 4096
   states = [(W, 301, 1)] * n
   states[1234] = (R, 302, 0)
-  assert _judge(states) == Verdict(STALLED, (1234,), seconds=302)
+  assert _judge(states) == Verdict(STALLED, (1234,), seconds=302, timeout=300)
 
 
 def decider(n, threshold=30.0, window=4.0):
@@ -193,3 +193,81 @@ def test_frames_mix_json_lines_and_binary_beats_across_reads():
   # The handshake's frames take no binary frame.
   with pytest.raises(ValueError):
     Frames().feed(encode_binary(b"R") + b"\n")
+
+
+# -- the learnt stall time-out ----------------------------------------------------
+
+def _beats(pattern):
+  """(phases, seconds, busy, joined) of 2 clients per beat: "w" client 1
+  waits while client 0 runs idle for the given seconds; "s" both step
+  (client 0 inside JAX)."""
+  for kind, secs in pattern:
+    if kind == "w":
+      yield np.array([R, W]), np.array([secs, secs + 1]), np.array([0, 1]), np.ones(2, bool)
+    else:
+      yield np.array([J, W]), np.array([0, 0]), np.array([90, 1]), np.ones(2, bool)
+
+
+def _learnt(pattern, ceiling=300.0, floor=30.0, learn=True, period=2.0):
+  stall = StallTimeout(ceiling, floor, learn, period)
+  for beat in _beats(pattern):
+    stall.observe(*beat)
+  return stall
+
+
+@pytest.mark.parametrize("pattern, value, longest", [
+    # Before the warm-up (10 beats and the floor's seconds: 15 beats at 2 s):
+    # the ceiling.
+    ([("s", 0)] * 14, 300.0, None),
+    # Warmed up, no idle pause seen: the floor.
+    ([("s", 0)] * 15, 30.0, None),
+    # A pause of 4 s, over, after the warm-up: 5 x 4 = 20 s, below the floor.
+    ([("s", 0)] * 15 + [("w", 2), ("w", 4), ("s", 0)], 30.0, 4.0),
+    # A pause of 10 s: 50 s.
+    ([("s", 0)] * 15 + [("w", 4), ("w", 10), ("s", 0)], 50.0, 10.0),
+    # A pause of 100 s: 500 s, held at the ceiling.
+    ([("s", 0)] * 15 + [("w", 100), ("s", 0)], 300.0, 100.0),
+    # A pause still going on teaches nothing (a stall must not raise its own
+    # time-out).
+    ([("s", 0)] * 15 + [("w", 10), ("w", 20), ("w", 40)], 30.0, None),
+    # A pause during the warm-up teaches nothing (compilation, first steps).
+    ([("w", 20), ("s", 0)] + [("s", 0)] * 15, 30.0, None),
+    # The same runner's pause restarting shorter: the first one was over.
+    ([("s", 0)] * 15 + [("w", 8), ("w", 1), ("s", 0)], 40.0, 8.0),
+], ids=["warming-up", "no-pause", "short-pause", "pause", "long-pause", "in-progress",
+        "during-warm-up", "restarted"])
+def test_the_stall_time_out_is_learnt_from_the_runs_pauses(pattern, value, longest):
+  stall = _learnt(pattern)
+  assert (stall.value, stall.longest) == (value, longest)
+
+
+def test_learning_off_keeps_the_set_time_out():
+  pattern = [("s", 0)] * 40
+  assert _learnt(pattern, learn=False).value == 300.0
+  assert not _learnt(pattern, learn=False).learnt
+  # A floor at the ceiling (a short JDTENSOR_STALL_TIMEOUT): nothing to learn.
+  assert _learnt(pattern, ceiling=5.0, floor=30.0).value == 5.0
+  assert _learnt(pattern, ceiling=0.0).value == 0.0
+
+
+def test_a_stall_under_a_learnt_time_out_says_so():
+  d = Decider(2, 3.0, StallTimeout(300.0, 5.0, True, 1.0),
+              WaitLedger(2, 4.0, 30.0, 1.0), lambda: 100.0)
+  d.first(merged([Row(0, 7, False, R, 0, 0, first=True), Row(1, 0, False, R, 0, 0, first=True)], 2))
+
+  def beat(r0, r1):
+    return d.decide(merged([Row(0, 7, False, *r0), Row(1, 7, False, *r1)], 2))
+  for _ in range(10):  # Steps: client 1 waits briefly, client 0 computes.
+    assert beat((J, 0, 90), (W, 0, 1)).verdict is None
+  assert beat((R, 1, 0), (W, 1, 1)).verdict is None  # A 1 s pause, then over.
+  assert beat((J, 0, 90), (W, 0, 1)).verdict is None
+  assert d.stall.value == 5.0  # 5 x 1 s, at the floor.
+  assert beat((R, 4, 0), (W, 4, 1)).verdict is None
+  assert beat((R, 6, 0), (W, 6, 1)).verdict == Verdict(STALLED, (0,), seconds=6,
+                                                       timeout=5.0, learnt=1.0)
+  # Every client reads the same verdict off the wire.
+  outcome = Outcome(13, 7, verdict=Verdict(STALLED, (0,), seconds=6, timeout=5.0,
+                                           learnt=1.0))
+  assert Outcome.from_wire(outcome.to_wire(), 2) == outcome
+  # An every-client wait still needs the set time-out, not the learnt one.
+  assert beat((W, 60, 0), (W, 60, 1)).verdict is None
