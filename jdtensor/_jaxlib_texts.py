@@ -14,13 +14,19 @@ import re
 
 __all__ = ["GLOO_NOTICE_MARKERS", "GLOO_NOTICE_FRAGMENTS", "GLOO_NOTICE_LEFTOVER",
            "GLOO_NOTICE_LABELS", "GLOO_NOTICE_PIECES", "GLOO_PEER_LOST",
-           "GLOO_NEVER_JOINED", "GLOO_KEY_PREFIX",
+           "GLOO_NEVER_JOINED", "GLOO_KEY_PREFIX", "SERVICE_WAIT_CALLS",
            "BARRIER_DEADLINE_EXCEEDED", "PROBES"]
 
 # The patterns are compiled on first use (`__getattr__`): a client on its
 # happy path never matches one, and compiling them all costs about 1 ms of
 # every client's start-up.
 _PATTERNS: dict[str, tuple[str, int]] = {
+    # The qualified names of the coordination-service client's methods that
+    # wait for other clients (a barrier, a key another client sets): a
+    # client that comes out of one has met the others
+    # (`jdtensor.heartbeat.meetings`).
+    "SERVICE_WAIT_CALLS": (r"DistributedRuntimeClient\.(wait_at_barrier|"
+                           r"blocking_key_value_get(_bytes)?)", 0),
     # Gloo prints "[Gloo] Rank r is connected to k peer ranks. Expected number
     # of connected peer ranks is : k" whenever a device group first
     # communicates (jax-ml/jax#32673); the threads of several devices
@@ -56,6 +62,7 @@ GLOO_NOTICE_LABELS: re.Pattern[str]
 GLOO_NOTICE_PIECES: re.Pattern[str]
 GLOO_PEER_LOST: re.Pattern[str]
 GLOO_NEVER_JOINED: re.Pattern[str]
+SERVICE_WAIT_CALLS: re.Pattern[str]
 
 # The user's CPU backend keys each gloo communicator it sets up in the user's
 # coordination service as "cpu:gloo/<global device ids>/<rank>" (XLA's gloo
@@ -86,6 +93,8 @@ PROBES = {
                          "test_a_slow_first_collective_is_not_killed_and_the_late_client_is_named",
     "GLOO_KEY_PREFIX": "tests/multiprocess/test_waiting.py::"
                        "test_a_slow_first_collective_is_not_killed_and_the_late_client_is_named",
+    "SERVICE_WAIT_CALLS": "tests/multiprocess/test_hang_triage.py::"
+                          "test_a_stall_between_service_barriers_is_named",
     "BARRIER_DEADLINE_EXCEEDED": "tests/multiprocess/test_multi_client.py::"
                                  "test_barrier_timeout_raises_instead_of_hanging",
 }

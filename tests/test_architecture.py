@@ -175,7 +175,7 @@ LAYERS = [
     ("the state owner", ["runtime.state", "runtime"]),
     ("runtime users", ["runtime.interop"]),
     ("heartbeat leaves", ["heartbeat.departure", "heartbeat.flight", "heartbeat.interfaces",
-                          "heartbeat.wording", "heartbeat.watchdog",
+                          "heartbeat.wording", "heartbeat.watchdog", "heartbeat.meetings",
                           "heartbeat.stragglers", "heartbeat.verdicts", "heartbeat.protocol",
                           "heartbeat.exchange"]),
     ("heartbeat", ["heartbeat"]),

@@ -89,6 +89,7 @@ from jdtensor.heartbeat.departure import (Departure, ExitGuard, SystemExitWatch,
                                           describe_exception)
 from jdtensor.heartbeat.exchange import LinkExchange, ack_every_for
 from jdtensor.heartbeat.flight import MainThreadRecorder, format_stacks
+from jdtensor.heartbeat.meetings import ServiceWaitWatch
 from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.protocol import (CULPRIT_EXIT_GRACE, HOST_EXIT_WAIT, POLICIES,
                                          ROLL_CALL_GRACE, Heartbeat)
@@ -270,8 +271,11 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
   if not state.multi_client or state.links is None or env is None:
     raise NotInitializedError("The heartbeat needs an initialised multi-client "
                               "run (DTENSOR_JOBS with several clients).")
+  meetings = ServiceWaitWatch()
+  meetings.start()  # Before the loop's first barrier: see `meetings`.
   exchange = LinkExchange(env.client_id, env.num_clients, state.links,
-                          ack_every=ack_every_for(settings.period, settings.stuck_timeout))
+                          ack_every=ack_every_for(settings.period, settings.stuck_timeout),
+                          meetings=meetings)
   heartbeat = Heartbeat(settings, env.client_id, env.num_clients, exchange=exchange,
                         peers=state.links, process=_ClientProcess(env.client_id),
                         recorder=MainThreadRecorder(env.num_clients, _live_arrays))

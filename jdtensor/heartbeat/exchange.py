@@ -23,6 +23,7 @@ import numpy as np
 
 from jdtensor.heartbeat.flight import AT_EXIT
 from jdtensor.heartbeat.interfaces import Exchange
+from jdtensor.heartbeat.meetings import ServiceWaitWatch
 from jdtensor.heartbeat.verdicts import (PLAIN_OUTCOME, Decider, Outcome, Row,
                                          from_ranges, to_ranges)
 
@@ -125,8 +126,10 @@ class LinkExchange(Exchange):
       (`ack_every_for`; the same on every client).
   """
 
-  def __init__(self, client_id: int, num_clients: int, links: Any, ack_every: int = 1):
+  def __init__(self, client_id: int, num_clients: int, links: Any, ack_every: int = 1,
+               meetings: ServiceWaitWatch | None = None):
     self.client_id, self.num_clients = client_id, num_clients
+    self._meetings = meetings
     self.ack_every = max(1, int(ack_every))
     self._links = links
     self._token = 0  # The cluster's token, once known.
@@ -351,8 +354,14 @@ class LinkExchange(Exchange):
     return self._await(self._shared, key, timeout)
 
   def joined_collective(self) -> bool:
-    """See `joined_user_collective`."""
-    return joined_user_collective()
+    """See `joined_user_collective`; or this client came out of a wait on
+    the coordination service (`jdtensor.heartbeat.meetings`)."""
+    if self._meetings is not None and self._meetings.has_met():
+      return True
+    joined = joined_user_collective()
+    if joined and self._meetings is not None:
+      self._meetings.stop()  # Nothing more to learn.
+    return joined
 
 
 def bounded(fn: Callable[[], Any], timeout: float) -> Any:

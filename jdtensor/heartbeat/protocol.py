@@ -64,6 +64,9 @@ CULPRIT_EXIT_GRACE = 5.0
 # culprit's end is told right after the report, but the report may be of a
 # culprit that never ends (stuck, cut off), which must not hold the run.
 REPORTED_CULPRIT_WAIT = 0.5
+# Seconds between asking whether this client has met the others, while it
+# runs its own code (see `Heartbeat._joined`).
+JOINED_ASK_SECONDS = 5.0
 
 
 class Exiting(enum.Enum):
@@ -154,6 +157,7 @@ class Heartbeat:
                                       settings.straggler_threshold, self.period),
                            self._clock)
     self._has_joined = False
+    self._joined_asked = -JOINED_ASK_SECONDS
     # Wakes the beat thread early: the stop, or this client reaching its end
     # (so that a run whose clients end together agrees on it in one beat,
     # not after up to a period).
@@ -377,16 +381,20 @@ class Heartbeat:
     return self._exchange.ask(what, ROLL_CALL_GRACE)
 
   def _joined(self, phase: int, seconds: float) -> bool:
-    """Whether this client has joined a collective (set-up is over); asked
-    of `joined_collective` only while it could be a staller, and never again
-    once true. (Not at every beat: the question runs jaxlib code on a helper
-    thread, and a program that forks while it runs hands its child a held
-    lock.)"""
+    """Whether this client has met the others (set-up is over); asked of
+    `joined_collective` while inside JAX or running its own code long enough
+    to be a staller, else at most every `JOINED_ASK_SECONDS` (the learnt
+    stall time-out's warm-up waits for every client's answer), and never
+    again once true. (Not at every beat: the question runs jaxlib code on a
+    helper thread, and a program that forks while it runs hands its child a
+    held lock.)"""
     if self._has_joined:
       return True
+    now = self._clock()
     shortest = self.decider.stall.floor if self.decider.stall.learn else self.stall_timeout
-    if phase in (IN_JAX, WAITING) or (shortest > 0 and phase == RUNNING
-                                      and seconds >= shortest / 2):
+    if (phase in (IN_JAX, WAITING) or now - self._joined_asked >= JOINED_ASK_SECONDS
+        or (shortest > 0 and phase == RUNNING and seconds >= shortest / 2)):
+      self._joined_asked = now
       self._has_joined = bool(self._joined_collective())
     return self._has_joined
 

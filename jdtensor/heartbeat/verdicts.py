@@ -43,9 +43,9 @@ IDLE_PERCENT = 25
 # step's idle part varies, and a pause five times the longest the run has
 # shown is not its rhythm.
 STALL_SAFETY_FACTOR = 5.0
-# Beats, at least, the run is watched past its set-up before the learnt
-# time-out applies (and then at least the floor's worth of seconds): the
-# first steps (compilation, warming caches) teach nothing.
+# Beats the run is watched, every client past its set-up, before the learnt
+# time-out applies (and at least the floor's worth of seconds): the first
+# steps (compilation, warming caches) teach nothing.
 STALL_WARM_UP_BEATS = 10
 # The phase slot's bit that says a client has not joined a collective yet
 # (above every phase).
@@ -345,9 +345,10 @@ class StallTimeout:
   ran its own code, idle, while every other client waited in a collective
   (`stall_pattern`, `stall_length`). Each such pause counts once it is over
   (the runner joined the others), so a stall in progress never teaches
-  itself. Once the run has been watched past its set-up for
-  `STALL_WARM_UP_BEATS` beats and the floor's worth of seconds (the first
-  steps teach nothing), the time-out is the longest pause seen since, times
+  itself. Once every client is past its set-up (it met the others: the
+  beat's joined bits) and the run has been watched `STALL_WARM_UP_BEATS`
+  beats and the floor's worth of seconds since, the time-out is the longest
+  pause seen since, times
   `STALL_SAFETY_FACTOR`, never below `floor` and never above `ceiling` (the
   set ``JDTENSOR_STALL_TIMEOUT``). Without learning, or before the warm-up
   ends, it is the ceiling.
@@ -367,7 +368,7 @@ class StallTimeout:
     self.ceiling, self.floor = float(ceiling), min(float(floor), float(ceiling))
     self.learn = learn and ceiling > 0 and self.floor < self.ceiling
     self._warm_up = max(STALL_WARM_UP_BEATS, int(np.ceil(self.floor / max(period, 1e-3))))
-    self.watched = 0  # Beats watched past set-up.
+    self.watched = 0  # Beats watched since every client was past its set-up.
     self.longest: float | None = None  # The longest pause over, after the warm-up.
     self._pause: tuple[int, float] | None = None  # (runner, length) in progress.
 
@@ -390,9 +391,8 @@ class StallTimeout:
 
   def observe(self, phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
               joined: np.ndarray) -> None:
-    """Takes one beat past the set-up (`Decider` calls it once the waiting
-    ledger runs)."""
-    if not self.learn:
+    """Takes one merged beat's states."""
+    if not self.learn or (self.watched == 0 and not bool(joined.all())):
       return
     self.watched += 1
     runner = stall_pattern(phases, busy, joined)
@@ -462,8 +462,7 @@ class Decider:
     stragglers = self._count_waits(phases, joined)
     if merged[self.layout.stop] > 0 or bool(np.all(phases == AT_EXIT)):
       return Outcome(beat, self.token, end=True, stragglers=stragglers)
-    if self.waits_since is not None:
-      self.stall.observe(phases, seconds, busy, joined)
+    self.stall.observe(phases, seconds, busy, joined)
     verdict = judge(phases, seconds, busy, joined, self.exit_grace, self.stall.value,
                     self.stall.ceiling)
     if verdict is not None and verdict.kind == STALLED and self.stall.learnt:

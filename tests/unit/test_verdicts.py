@@ -199,13 +199,17 @@ def test_frames_mix_json_lines_and_binary_beats_across_reads():
 
 def _beats(pattern):
   """(phases, seconds, busy, joined) of 2 clients per beat: "w" client 1
-  waits while client 0 runs idle for the given seconds; "s" both step
-  (client 0 inside JAX)."""
-  for kind, secs in pattern:
+  waits while client 0 runs idle for the given seconds; "s" both step (one
+  computes while the other waits, by turns); "u" client 0 is still in its
+  set-up (never met the others) while client 1 waits."""
+  for i, (kind, secs) in enumerate(pattern):
     if kind == "w":
       yield np.array([R, W]), np.array([secs, secs + 1]), np.array([0, 1]), np.ones(2, bool)
+    elif kind == "u":
+      yield np.array([R, W]), np.array([i, i]), np.array([0, 1]), np.array([False, True])
     else:
-      yield np.array([J, W]), np.array([0, 0]), np.array([90, 1]), np.ones(2, bool)
+      phases = [J, W] if i % 2 else [W, J]
+      yield np.array(phases), np.array([0, 0]), np.array([90, 1]), np.ones(2, bool)
 
 
 def _learnt(pattern, ceiling=300.0, floor=30.0, learn=True, period=2.0):
@@ -234,8 +238,13 @@ def _learnt(pattern, ceiling=300.0, floor=30.0, learn=True, period=2.0):
     ([("w", 20), ("s", 0)] + [("s", 0)] * 15, 30.0, None),
     # The same runner's pause restarting shorter: the first one was over.
     ([("s", 0)] * 15 + [("w", 8), ("w", 1), ("s", 0)], 40.0, 8.0),
+    # A client still in its set-up (a slow first step): no warm-up at all,
+    # however long; it starts once the client met the others.
+    ([("u", 0)] * 100, 300.0, None),
+    ([("u", 0)] * 100 + [("s", 0)] * 14, 300.0, None),
+    ([("u", 0)] * 100 + [("s", 0)] * 15, 30.0, None),
 ], ids=["warming-up", "no-pause", "short-pause", "pause", "long-pause", "in-progress",
-        "during-warm-up", "restarted"])
+        "during-warm-up", "restarted", "in-set-up", "after-set-up", "after-set-up-warm"])
 def test_the_stall_time_out_is_learnt_from_the_runs_pauses(pattern, value, longest):
   stall = _learnt(pattern)
   assert (stall.value, stall.longest) == (value, longest)
@@ -257,8 +266,9 @@ def test_a_stall_under_a_learnt_time_out_says_so():
 
   def beat(r0, r1):
     return d.decide(merged([Row(0, 7, False, *r0), Row(1, 7, False, *r1)], 2))
-  for _ in range(10):  # Steps: client 1 waits briefly, client 0 computes.
-    assert beat((J, 0, 90), (W, 0, 1)).verdict is None
+  for i in range(10):  # Steps: one computes while the other waits, by turns.
+    rows = [(J, 0, 90), (W, 0, 1)]
+    assert beat(*(rows if i % 2 else rows[::-1])).verdict is None
   assert beat((R, 1, 0), (W, 1, 1)).verdict is None  # A 1 s pause, then over.
   assert beat((J, 0, 90), (W, 0, 1)).verdict is None
   assert d.stall.value == 5.0  # 5 x 1 s, at the floor.

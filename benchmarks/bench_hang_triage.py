@@ -1,0 +1,77 @@
+"""Hang triage at the heartbeat's defaults: how soon a stall is named under
+the learnt time-out, against the set one (learning off), and a rare long load
+left alone.
+
+    python benchmarks/bench_hang_triage.py [--clients 4,32] [--baseline]
+
+Clients under `jdtensor launch` (tests/multiprocess/hang_client.py), one CPU
+device each, the heartbeat's defaults (period 2 s, floor 30 s,
+JDTENSOR_STALL_TIMEOUT 300 s): a loop of 1 s steps, each an idle data load
+and a meeting (a psum over every device, or a coordination-service barrier).
+After 40 s (past the warm-up), client 1 stalls in its data loader, or loads
+one batch for 20 s (rare, far above the 1 s step, below the floor). Seconds
+from the misbehaviour to the launcher's return. ``--baseline`` adds the
+same stall with learning off (JDTENSOR_STALL_LEARN=false: 300 s by design).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tests.helpers import launch_clients  # noqa: E402
+
+CLIENT = os.path.join(ROOT, "tests", "multiprocess", "hang_client.py")
+DEFAULTS = {"JDTENSOR_HEARTBEAT_PERIOD": "2", "JDTENSOR_STUCK_TIMEOUT": "60",
+            "JDTENSOR_COORDINATION_TIMEOUT": "100", "JDTENSOR_INIT_TIMEOUT": "300",
+            "STEP_SECONDS": "1", "MISBEHAVE_AFTER": "40"}
+
+
+def one(n: int, **env: str) -> tuple[float | None, str, int]:
+  res, out, err, ended = launch_clients([sys.executable, CLIENT], n, 1, timeout=600,
+                                        **{**DEFAULTS, **env})
+  stamp = re.search(r"^\[client 1\] MISBEHAVING ([\d.]+)", out, re.M)
+  after = (None if stamp is None else
+           ended - (time.monotonic() - (time.time() - float(stamp.group(1)))))
+  named = (f"client {res.first_failure}" if res.first_failure is not None else "nobody")
+  return after, named, res.exit_code
+
+
+def main(argv=None) -> str:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--clients", default="4,32")
+  parser.add_argument("--baseline", action="store_true")
+  args = parser.parse_args(argv)
+  sizes = [int(c) for c in args.clients.split(",")]
+  cases = []
+  for n in sizes:
+    cases.append((n, "stall, psum loop, learnt (default)",
+                  {"SCENARIO": "stall", "SYNC": "psum"}, "30 s + 2 periods"))
+    if args.baseline and n == sizes[0]:
+      cases.append((n, "stall, psum loop, learning off",
+                    {"SCENARIO": "stall", "SYNC": "psum", "JDTENSOR_STALL_LEARN": "false"},
+                    "300 s + 2 periods"))
+  n = sizes[0]
+  cases.append((n, "stall, barrier loop (no collective), learnt",
+                {"SCENARIO": "stall", "SYNC": "barrier"}, "30 s + 2 periods"))
+  cases.append((n, "one 20 s idle load, psum loop (run ends 0)",
+                {"SCENARIO": "load", "SYNC": "psum", "LOAD_SECONDS": "20", "STEPS": "75"},
+                "never named"))
+  rows = ["| clients | case | seconds to the end | named first | launcher exit | bound |",
+          "|---:|---|---:|---|---:|---|"]
+  for n, name, env, bound in cases:
+    after, named, code = one(n, **env)
+    shown = "-" if after is None else f"{after:.1f}"
+    rows.append(f"| {n} | {name} | {shown} | {named} | {code} | {bound} |")
+    print(rows[-1], flush=True)
+  return "\n".join(rows)
+
+
+if __name__ == "__main__":
+  print(main())

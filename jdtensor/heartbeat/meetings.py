@@ -1,0 +1,102 @@
+"""Whether this client has met the others at a coordination-service wait.
+
+A client counts as past its set-up (and so can be named a staller) once it
+has met the other clients somewhere. A device collective says so (on CPU,
+the gloo communicators it joined: `jdtensor.heartbeat.exchange`); so does
+coming out of a wait on JAX's coordination service, ``wait_at_barrier`` or
+``blocking_key_value_get`` (a loop synchronised only through the service
+never joins a collective). Sampling the main thread once a beat cannot see
+those: a client that arrives last at a barrier passes it at once, and the
+staller is that client at every step before its stall.
+
+`ServiceWaitWatch` sees each such call return, with ``sys.monitoring``
+(Python 3.12+): CALL events, where every call site but the service's waits
+is switched off after its first call (``DISABLE``), so a steady loop costs
+nothing; and the watch ends at the first meeting, for good. Only the main
+thread's calls count (jdtensor's own threads use the service too). On
+Python 3.11, or where no tool id is free, it does not start, and only the
+device collectives say a client is past its set-up.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from jdtensor import _jaxlib_texts
+
+__all__ = ["ServiceWaitWatch"]
+
+
+class ServiceWaitWatch:
+  """Sees the main thread come out of a coordination-service wait."""
+
+  TOOL_IDS = (4, 3)  # Free ids (`SystemExitWatch` takes the lower one first).
+  TOOL_NAME = "jdtensor meetings"
+
+  def __init__(self) -> None:
+    self.met = False
+    self._tool: int | None = None
+    self._lock = threading.Lock()
+
+  @property
+  def active(self) -> bool:
+    return self._tool is not None
+
+  def start(self) -> bool:
+    """Starts watching; False where ``sys.monitoring`` is absent or no tool
+    id is free."""
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is None:
+      return False
+    with self._lock:
+      if self._tool is not None or self.met:
+        return self._tool is not None
+      for tool in self.TOOL_IDS:
+        if monitoring.get_tool(tool) is None:
+          break
+      else:
+        return False
+      monitoring.use_tool_id(tool, self.TOOL_NAME)
+      waits = _jaxlib_texts.SERVICE_WAIT_CALLS
+      main = threading.main_thread().ident
+      disable = monitoring.DISABLE
+
+      def is_wait(fn: Any) -> bool:
+        name = getattr(fn, "__qualname__", None)
+        return isinstance(name, str) and waits.fullmatch(name) is not None
+
+      def called(code: Any, offset: int, fn: Any, arg0: Any) -> Any:
+        del code, offset, arg0
+        return None if is_wait(fn) else disable  # Only the waits' sites stay.
+
+      def returned(code: Any, offset: int, fn: Any, arg0: Any) -> None:
+        del code, offset, arg0
+        if threading.get_ident() == main and is_wait(fn):
+          self.met = True
+      events = monitoring.events
+      monitoring.register_callback(tool, events.CALL, called)
+      monitoring.register_callback(tool, events.C_RETURN, returned)
+      monitoring.set_events(tool, events.CALL)
+      self._tool = tool
+    return True
+
+  def stop(self) -> None:
+    """Gives the tool id back (at the first meeting: nothing more to see)."""
+    with self._lock:
+      if self._tool is None:
+        return
+      monitoring = sys.monitoring  # type: ignore[attr-defined]
+      monitoring.set_events(self._tool, 0)
+      monitoring.register_callback(self._tool, monitoring.events.CALL, None)
+      monitoring.register_callback(self._tool, monitoring.events.C_RETURN, None)
+      monitoring.free_tool_id(self._tool)
+      self._tool = None
+
+  def has_met(self) -> bool:
+    """Whether the main thread came out of a service wait (then the watch
+    ends)."""
+    if self.met and self._tool is not None:
+      self.stop()
+    return self.met

@@ -1,0 +1,100 @@
+"""Hang triage: a stall named in seconds under the learnt time-out, whatever
+synchronises the loop; a rare long load left alone; learning off is the set
+time-out exactly.
+
+Real clients under `jdtensor launch` (hang_client.py): a step loop of an
+idle data load and a meeting (a psum, or a coordination-service barrier).
+"""
+
+import os
+import re
+import sys
+import time
+
+import pytest
+
+from jdtensor.errors import OWN_FAILURE_EXIT_CODE
+from tests.helpers import REPO, launch_clients
+
+pytestmark = pytest.mark.multiprocess
+
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "hang_client.py")
+# The heartbeat's defaults (the suite's shorter ones are in TEST_TIMEOUTS).
+DEFAULTS = {"JDTENSOR_HEARTBEAT_PERIOD": "2", "JDTENSOR_STUCK_TIMEOUT": "60",
+            "JDTENSOR_COORDINATION_TIMEOUT": "100"}
+
+
+def run(n, devices=1, timeout=120, **env):
+  res, out, err, ended = launch_clients([sys.executable, CLIENT], n, devices,
+                                        timeout=timeout, **env)
+  stamps = re.findall(r"^\[client \d+\] MISBEHAVING ([\d.]+)", out, re.M)
+  # From the misbehaviour to the launcher's return, on the wall clock.
+  after = (time.time() - (time.monotonic() - ended) - float(stamps[0])
+           if stamps else None)
+  return res, out, err, after
+
+
+def stalled_line(res, staller=1):
+  assert res.exit_code == OWN_FAILURE_EXIT_CODE, (res.reason, res.returncodes)
+  assert res.first_failure == staller, res.reason
+  assert re.match(rf"jdtensor launch: client {staller} exited with code 70: "
+                  rf"client {staller} stalled: main thread in "
+                  r"hang_client\.py:\d+ next_batch", res.reason), res.reason
+  return res.reason
+
+
+def test_a_stall_at_default_settings_is_named_within_the_learnt_time_out():
+  # The defaults: period 2 s, floor 30 s, JDTENSOR_STALL_TIMEOUT 300 s. The
+  # warm-up is 15 beats (the floor's 30 s) once every client met the others;
+  # the stall begins after it.
+  res, out, err, after = run(4, timeout=150, SCENARIO="stall", SYNC="psum",
+                             MISBEHAVE_AFTER="34", **DEFAULTS)
+  reason = stalled_line(res)
+  assert re.search(r"\(stall time-out 30 s, learnt from this run: 5 x its longest "
+                   r"idle pause, [\d.]+ s, at least 30 s; JDTENSOR_STALL_TIMEOUT 300 s "
+                   r"is the ceiling, JDTENSOR_STALL_LEARN=false turns learning off\)",
+                   reason), reason
+  assert after is not None and 30 <= after < 30 + 2 * 2 + 4, (after, err)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_stall_between_service_barriers_is_named(devices):
+  # No collective at all: the loop meets only at coordination-service
+  # barriers; the staller arrives last at every one before its stall.
+  if sys.version_info < (3, 12):
+    pytest.skip("Python 3.11 has no sys.monitoring: only device collectives say "
+                "a client is past its set-up (docs/guides/heartbeat.md)")
+  res, out, err, after = run(2, devices, SCENARIO="stall", SYNC="barrier",
+                             MISBEHAVE_AFTER="2", JDTENSOR_HEARTBEAT_PERIOD="0.5",
+                             JDTENSOR_STALL_TIMEOUT="5")
+  stalled_line(res)
+  assert after is not None and 5 <= after < 5 + 2 * 0.5 + 4, (after, err)
+
+
+@pytest.mark.parametrize("learn", ["true", "false"])
+def test_learning_off_is_the_set_time_out_exactly(learn):
+  res, out, err, after = run(2, SCENARIO="stall", SYNC="psum", MISBEHAVE_AFTER="7",
+                             JDTENSOR_HEARTBEAT_PERIOD="0.5", JDTENSOR_STALL_TIMEOUT="12",
+                             JDTENSOR_STALL_FLOOR="3", JDTENSOR_STALL_LEARN=learn)
+  reason = stalled_line(res)
+  if learn == "true":  # Warm-up: 10 beats, 5 s; then the floor, 3 s.
+    assert "learnt from this run" in reason, reason
+    assert 3 <= after < 3 + 2 * 0.5 + 4, (after, err)
+  else:
+    assert "learnt" not in reason, reason
+    # Its seconds in its own code count from the first beat that saw it
+    # there, which in a fast loop may be a step or more before the stall.
+    assert re.search(r"stalled: main thread in \S+ next_batch <- \S+ <module> for \d+ s "
+                     r"while client 0 waits in a collective; ", reason), reason
+    assert 12 <= after < 12 + 2 * 0.5 + 4, (after, err)
+
+
+def test_a_rare_long_load_below_the_floor_is_left_alone():
+  # Steps of 0.2 s; once, after the warm-up, client 1 loads for 4 s (20
+  # steps' worth) while the other waits: below the floor (6 s), never a stall.
+  res, out, err, after = run(2, SCENARIO="load", SYNC="psum", MISBEHAVE_AFTER="7",
+                             LOAD_SECONDS="4", STEPS="60",
+                             JDTENSOR_HEARTBEAT_PERIOD="0.5", JDTENSOR_STALL_FLOOR="6")
+  assert after is not None, out
+  assert res.exit_code == 0 and res.returncodes == [0, 0], (res.reason, err)
+  assert out.count("DONE") == 2 and "stalled" not in err
