@@ -26,7 +26,8 @@ from jdtensor._ids import ids_text
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 
 __all__ = ["Reason", "Report", "ClientEnd", "RootCause", "root_cause", "summary",
-           "describe_exit", "mark_finished", "finished_clients"]
+           "describe_exit", "mark_finished", "finished_clients", "VerdictStack",
+           "stack_lines"]
 
 
 class Reason(NamedTuple):
@@ -293,3 +294,76 @@ def summary(what: str, stopped: Sequence[int] | None = None, *, node: int | None
   if also:
     text += f" (also: {', '.join(also)})"
   return text
+
+
+class VerdictStack(NamedTuple):
+  """Where one client's main thread was when its heartbeat named a verdict
+  (`jdtensor.heartbeat`: written beside its report; the launcher shows it
+  under the verdict, and `stacks` in the client's log).
+
+  Attributes:
+    client: Its id.
+    phase: Its main thread's phase then (``own code``, ``collective``, ...).
+    where: The main thread's innermost frames, one line.
+    stacks: Every thread's stack, whole.
+  """
+  client: int
+  phase: str
+  where: str
+  stacks: str = ""
+
+  def write(self, directory: str) -> None:
+    """Atomically, as ``client-<id>.stack``."""
+    path = os.path.join(directory, f"client-{self.client}.stack")
+    with open(path + ".tmp", "w") as f:
+      json.dump(self._asdict(), f)
+    os.replace(path + ".tmp", path)
+
+  @staticmethod
+  def read_all(directory: str) -> dict[int, VerdictStack]:
+    """Every well-formed record in `directory`, by client."""
+    out: dict[int, VerdictStack] = {}
+    try:
+      names = os.listdir(directory)
+    except OSError:
+      return out
+    for name in names:
+      if not (name.startswith("client-") and name.endswith(".stack")):
+        continue
+      try:
+        with open(os.path.join(directory, name)) as f:
+          data = json.load(f)
+        record = VerdictStack(int(data["client"]), str(data["phase"]),
+                              str(data["where"]), str(data.get("stacks", "")))
+      except (OSError, ValueError, KeyError, TypeError):
+        continue
+      out[record.client] = record
+    return out
+
+
+def stack_lines(clients: Sequence[int], stacks: Mapping[int, VerdictStack],
+                ended: Mapping[int, int]) -> list[str]:
+  """The launcher's lines under a verdict: each client's main thread, one
+  line per distinct place (clients in the same place share it, so a pod's
+  thousand waiters are one line).
+
+  Args:
+    clients: The clients to account for, in order.
+    stacks: Their `VerdictStack` records, by client.
+    ended: The exit codes of those that ended without one.
+  """
+  groups: dict[str, list[int]] = {}
+  for client in clients:
+    record = stacks.get(client)
+    if record is not None:
+      text = f"{record.where} ({record.phase})"
+    elif client in ended:
+      text = f"{describe_exit(ended[client])} (no stack: it ended first)"
+    else:
+      text = ("did not answer (stopped, or its interpreter held by C code, or no "
+              "heartbeat)")
+    groups.setdefault(text, []).append(client)
+  lines = ["jdtensor launch: main threads when the verdict was named:"]
+  for text, members in groups.items():
+    lines.append(f"  client{'s' if len(members) > 1 else ''} {ids_text(members)}: {text}")
+  return lines

@@ -83,7 +83,7 @@ from typing import IO, Any
 
 from jdtensor import _env, runtime
 from jdtensor import _logging as logging
-from jdtensor._report import Reason, Report
+from jdtensor._report import Reason, Report, VerdictStack
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE, NotInitializedError, PeerFailureError
 from jdtensor.heartbeat.departure import (Departure, ExitGuard, SystemExitWatch,
                                           describe_exception)
@@ -194,6 +194,20 @@ class _ClientProcess(ProcessHooks):
 
   def on_failure(self, error: PeerFailureError) -> None:
     runtime.record_peer_failure(error)
+
+  def show_stacks(self, phase: int, where: str, stacks: str) -> None:
+    from jdtensor import _status  # pylint: disable=g-import-not-at-top
+    doing = _status.PHASE_NAMES.get(phase, "?")
+    if self.report_dir:  # The launcher shows it under the verdict.
+      try:
+        VerdictStack(self.client_id, doing, where, stacks).write(self.report_dir)
+        return
+      except OSError:
+        pass  # The launcher is gone: stderr, as under an engine.
+    main = stacks.split("\nThread ", 1)[0]  # The main thread's comes first.
+    sys.stderr.write(f"heartbeat: client {self.client_id}'s main thread when the "
+                     f"verdict was named ({doing}): {where}\n{main}\n")
+    sys.stderr.flush()
 
 
 def _rss_mib() -> float | None:

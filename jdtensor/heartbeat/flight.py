@@ -54,7 +54,7 @@ from typing import Any
 __all__ = ["RUNNING", "IN_JAX", "WAITING", "AT_EXIT", "MAIN_IDLE_SHARE",
            "MainThreadRecorder", "spans_every_process", "calls_into_jax",
            "inside_jax",
-           "stack_top", "format_stacks"]
+           "stack_top", "program_stack_top", "format_stacks"]
 
 RUNNING, IN_JAX, WAITING, AT_EXIT = 1, 2, 3, 4
 # The main thread counts as idle (blocked) below this share of one core.
@@ -356,6 +356,25 @@ def stack_top(frame: Any, depth: int = 3) -> str:
                      for e in reversed(entries)) or "(no Python frame)"
 
 
+# jdtensor's own files, and the threading module its waits go through.
+_JDTENSOR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_THREADING_FILE = threading.__file__
+
+
+def program_stack_top(frame: Any, depth: int = 3) -> str | None:
+  """`stack_top` of the program's own frames: jdtensor's innermost ones (its
+  exit handling, its waits) left out; None when nothing else is left (the
+  script has ended)."""
+  entries = list(_extract(frame)) if frame is not None else []
+  while entries and (entries[-1].filename.startswith(_JDTENSOR_DIR)
+                     or entries[-1].filename == _THREADING_FILE):
+    entries.pop()
+  if not entries:
+    return None
+  return " <- ".join(f"{os.path.basename(e.filename)}:{e.lineno} {e.name}"
+                     for e in reversed(entries[-depth:]))
+
+
 def format_stacks(frames: dict[int, Any] | None = None) -> str:
   """Every thread's Python stack, the main thread first."""
   frames = current_frames() if frames is None else frames
@@ -457,6 +476,15 @@ class MainThreadRecorder:
       self._state, self.since = state, now
     self.phase = phase
     return phase, now - self.since
+
+  def where_in_program(self) -> str | None:
+    """Where the main thread is in the program (`program_stack_top`); None
+    once its script has ended."""
+    frame = self._main_frame()
+    try:
+      return program_stack_top(frame)
+    except (AttributeError, TypeError):  # Torn down under us (see inside_jax).
+      return "(the main thread's stack could not be read)"
 
   def where(self) -> str:
     """Where the main thread is: its innermost frames."""

@@ -131,6 +131,12 @@ class ProcessHooks:
   def on_failure(self, error: PeerFailureError) -> None:
     """Receives the failure under policy raise."""
 
+  def show_stacks(self, phase: int, where: str, stacks: str) -> None:
+    """Shows where this client was when its heartbeat named a verdict: its
+    main thread's `phase` and innermost frames (`where`), and every
+    thread's stack, `stacks` (under `jdtensor launch`: to the launcher;
+    elsewhere on stderr)."""
+
   def status_wanted(self) -> bool:
     """Whether someone asked for this client's status (`jdtensor status`);
     asked once a beat, so it must be cheap."""

@@ -31,7 +31,7 @@ from jdtensor import _logging as logging
 from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
 from jdtensor.heartbeat import wording
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
-from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
+from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING, format_stacks
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.watchdog import Watchdog
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
@@ -104,6 +104,9 @@ class _Idle:
   def where(self) -> str:
     return "(not recorded)"
 
+  def where_in_program(self) -> str | None:
+    return None if self.at_exit else "(not recorded)"
+
 
 def _first_line(error: BaseException) -> str:
   text = str(error).strip().splitlines()
@@ -123,7 +126,8 @@ class Heartbeat:
     peers: The other clients (the liveness links); None reaches nobody.
     process: This process's hooks; None: `ProcessHooks` (exits for real).
     recorder: The main-thread recorder (`jdtensor.heartbeat.flight`):
-      ``sample()``, ``where()`` and an ``at_exit`` flag; None: always running.
+      ``sample()``, ``where()``, ``where_in_program()`` and an ``at_exit``
+      flag; None: always running.
   """
 
   def __init__(self, settings: HeartbeatSettings, client_id: int, num_clients: int,
@@ -157,6 +161,7 @@ class Heartbeat:
                                       settings.straggler_threshold, self.period),
                            self._clock)
     self._has_joined = False
+    self._seen_at_verdict: tuple[int, str, str] | None = None
     self._joined_asked = -JOINED_ASK_SECONDS
     # Wakes the beat thread early: the stop, or this client reaching its end
     # (so that a run whose clients end together agrees on it in one beat,
@@ -404,6 +409,12 @@ class Heartbeat:
     """Says a beat's verdict in this client's words and applies the policy
     (every client has the same verdict: nobody needs to be told)."""
     n = self.num_clients
+    if verdict.kind != ALL_WAITING or self.stall_kill_all_waiting:
+      # Before anything moves: a staller's exit ends the others' collective.
+      try:
+        self._seen_at_verdict = self._where_now()
+      except Exception:  # pylint: disable=broad-except
+        self._seen_at_verdict = None  # `_show_stacks` tries again, and says why.
     if verdict.kind == EARLY_EXIT:
       gone = list(verdict.culprits)
       self._fail(wording.early_exit(gone, verdict.waiting), gone, told=True)
@@ -540,6 +551,7 @@ class Heartbeat:
       # barrier (it would wait for the failed client).
       sys.stderr.write(message + "\n")
       sys.stderr.flush()
+      self._show_stacks()
       self.said.set()
       if culprits and exit_code == PEER_FAILURE_EXIT_CODE:
         # Under an engine (mpirun, srun), the first process to fail is the
@@ -556,10 +568,30 @@ class Heartbeat:
       self._process.terminate(exit_code)
       return
     logging.error("%s", message)
+    self._show_stacks()
     if self.policy == "raise" and self.exiting is None:
       self._process.on_failure(error)
     self.stopped.set()
     self.watchdog.wake()
+
+  def _where_now(self) -> tuple[int, str, str]:
+    """(phase, where in the program, every thread's stack) of this client now:
+    the last beat's phase (before any beat, a sample now)."""
+    phase = (self.own_state[0] if self.own_state is not None
+             else self.recorder.sample(0.0, IDLE_PERCENT)[0])
+    where = self.recorder.where_in_program()
+    if where is None:
+      phase, where = AT_EXIT, "its script has ended (in jdtensor's exit handling)"
+    return phase, where, format_stacks()
+
+  def _show_stacks(self) -> None:
+    """Where this client was at the verdict (every client shows its own): as
+    the beat's verdict found it (`_act_on`), else now."""
+    try:
+      seen, self._seen_at_verdict = self._seen_at_verdict, None
+      self._process.show_stacks(*(seen or self._where_now()))
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("heartbeat: could not show this client's stacks: %s", _first_line(e))
 
   def _own_failure(self, error: BaseException) -> None:
     """An exception in the heartbeat's own code: this client's failure."""

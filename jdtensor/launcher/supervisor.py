@@ -24,8 +24,8 @@ from typing import IO, Any
 
 from jdtensor import _env, _status
 from jdtensor._ids import ids_text
-from jdtensor._report import (ClientEnd, Report, describe_exit, finished_clients,
-                              root_cause, summary)
+from jdtensor._report import (ClientEnd, Report, VerdictStack, describe_exit,
+                              finished_clients, root_cause, stack_lines, summary)
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 from jdtensor.launcher.output import ClientLog, Output
 from jdtensor.launcher.processes import (signal_groups, stop_process_groups,
@@ -43,6 +43,10 @@ _MAX_ARGS_ENV = 2 * 1024 * 1024
 _STACK_DUMP_SECONDS = 2.0
 # How long, after a client failed, its peers' reports may take to arrive.
 _REPORT_SECONDS = 0.5
+# How long the clients still running may take to show where they were at a
+# verdict (they write it as they name it); one that has not by then cannot
+# answer (stopped, or its interpreter held by C code).
+_VERDICT_STACK_SECONDS = 1.0
 
 
 class _Supervisor:
@@ -85,6 +89,8 @@ class _Supervisor:
     self.stopped: list[int] = []  # Clients the stop ended (see `summary`).
     self.cut_short: str | None = None  # Why the last stop's grace was cut short.
     self.logs: dict[int, ClientLog] = {}  # By client id, with --log-dir.
+    # Lines under the summary: each client's main thread at the verdict.
+    self.stack_lines: list[str] = []
 
   def start(self) -> None:
     # `jdtensor status` finds the run here (this user's, this machine's).
@@ -246,6 +252,7 @@ class _Supervisor:
       if failed:
         codes = self._settle(codes)
         failure, exit_code = self._root_cause(codes)
+        codes = self._collect_verdict_stacks()
         self.on_failure(failure)
         # The root cause is on its own way out (client 0 leaves last): the
         # launcher's stop is not why it ended.
@@ -299,6 +306,33 @@ class _Supervisor:
     result.stopped = list(self.stopped)
     result.killed = list(self.killed)
     return result
+
+  def _collect_verdict_stacks(self) -> list[int | None]:
+    """Where each client was when its heartbeat named the verdict: waits up
+    to `_VERDICT_STACK_SECONDS` for those still running (none, if no client
+    shows one within `_REPORT_SECONDS`: no heartbeat, no verdict); keeps the
+    lines for under the summary and writes every thread's stack into each
+    client's log (--log-dir). Returns the exit codes now."""
+    start = time.monotonic()
+    while True:
+      codes = self._poll()
+      stacks = VerdictStack.read_all(self.report_dir)
+      silent = [i for i, c in enumerate(codes) if c is None and self.ids[i] not in stacks]
+      waited = time.monotonic() - start
+      if (not silent or waited >= _VERDICT_STACK_SECONDS
+          or (not stacks and waited >= _REPORT_SECONDS)):
+        break
+      time.sleep(_POLL_SECONDS)
+    if not stacks:
+      return codes
+    ended = {self.ids[i]: c for i, c in enumerate(codes) if c is not None}
+    self.stack_lines = stack_lines(self.ids, stacks, ended)
+    for client, record in stacks.items():
+      log = self.logs.get(client)
+      if log is not None and record.stacks:
+        log.write("==== jdtensor launch: every thread's stack when the verdict was "
+                  f"named ====\n{record.stacks}\n")
+    return codes
 
   def dump_stacks(self) -> None:
     """Forwards SIGUSR1: every jdtensor client prints its threads' stacks."""
@@ -409,6 +443,8 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
     shutil.rmtree(sup.report_dir, ignore_errors=True)
   if result.reason and not quiet:
     sup.output.line(result.reason)
+  for line in sup.stack_lines:  # Under the verdict, however it is worded.
+    sup.output.line(line)
   if waits:  # Not the caller's to word (`quiet` is for the summary line).
     sup.output.line(waits)
   return result

@@ -104,6 +104,19 @@ def test_mpirun_names_the_client_jdtensor_names(scen):
   # The culprit's own traceback only (an exception's), none of a survivor's.
   assert out.count("Traceback (most recent call last)") == (scen == "raise"), out
   assert "Gloo all-reduce failed" not in out, out
+  assert_each_shows_its_stack(out, scen)
+
+
+def assert_each_shows_its_stack(out, scen):
+  """Under an engine, each client still running at the verdict shows where
+  its main thread was, on its own stderr (a staller too; a survivor whose
+  collective failed with the dead client may be leaving already)."""
+  showing = {int(c) for c in re.findall(
+      r"heartbeat: client (\d)'s main thread when the verdict was named \([^)]+\): "
+      r"(?:\S+:\d+ |its script has ended)", out)}
+  assert showing == ({0, 1, 2} if scen == "stall" else {0, 2}), out
+  assert re.search(r"client 1's main thread when the verdict was named \(own code\): "
+                   r"_gpu_check_client\.py:\d+ next_batch", out) or scen != "stall", out
 
 
 # -- SLURM --------------------------------------------------------------------
@@ -260,6 +273,7 @@ def test_srun_names_the_client_jdtensor_names(slurm, scen):
   assert len(re.findall(line, out)) >= 2, out
   assert out.count("Traceback (most recent call last)") == (scen == "raise"), out
   assert "Gloo all-reduce failed" not in out, out
+  assert_each_shows_its_stack(out, scen)
 
 
 def test_scancel_signal_term_saves_the_same_step_on_every_client(slurm):

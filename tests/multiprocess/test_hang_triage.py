@@ -98,3 +98,74 @@ def test_a_rare_long_load_below_the_floor_is_left_alone():
   assert after is not None, out
   assert res.exit_code == 0 and res.returncodes == [0, 0], (res.reason, err)
   assert out.count("DONE") == 2 and "stalled" not in err
+
+
+# -- every client's stack under the verdict ------------------------------------
+
+FAILURE_CLIENT = os.path.join(REPO, "tests", "multiprocess", "failure_client.py")
+# scenario -> (extra env, what client 1's line says, what clients 0 and 2's say)
+WAITING = r"failure_client\.py:\d+ <module> \((collective|in JAX)\)"
+LEFT = r"its script has ended \(in jdtensor's exit handling\) \(at exit\)"
+STACK_CASES = {
+    "stall": ({"JDTENSOR_STALL_TIMEOUT": "3"},
+              r"failure_client\.py:\d+ next_batch <- \S+ <module> \(own code\)",
+              r"failure_client\.py:\d+ <module> \(collective\)"),
+    "sigstop": ({"JDTENSOR_HEARTBEAT_PERIOD": "1", "JDTENSOR_STUCK_TIMEOUT": "3",
+                 "STOP_SECONDS": "10"},
+                r"did not answer \(stopped, or its interpreter held by C code, or no "
+                r"heartbeat\)",
+                r"failure_client\.py:\d+ <module> \(collective\)"),
+    "exit0": ({}, LEFT, WAITING),
+    # The survivors' collective may fail first (the peer is gone): they may
+    # be leaving already.
+    "exception": ({}, r"exited with code 1 \(no stack: it ended first\)",
+                  f"{WAITING}|{LEFT}"),
+    "sigkill": ({}, r"was killed by SIGKILL \(no stack: it ended first\)",
+                f"{WAITING}|{LEFT}"),
+}
+
+
+def stack_block(err):
+  """{client: its line} from the launcher's block under the verdict."""
+  lines = err.splitlines()
+  start = lines.index("jdtensor launch: main threads when the verdict was named:")
+  out = {}
+  for line in lines[start + 1:]:
+    m = re.fullmatch(r"  clients? ([\d, -]+): (.*)", line)
+    if m is None:
+      break
+    for part in m.group(1).split(", "):
+      first, _, last = part.partition("-")
+      for c in range(int(first), int(last or first) + 1):
+        out[c] = m.group(2)
+  return out
+
+
+@pytest.mark.parametrize("scenario", sorted(STACK_CASES))
+def test_every_clients_stack_is_under_the_verdict(scenario, tmp_path):
+  from jdtensor import launcher
+  import io
+  from tests.helpers import TEST_TIMEOUTS, clean_env
+  env, culprit_says, others_say = STACK_CASES[scenario]
+  out, err = io.StringIO(), io.StringIO()
+  res = launcher.launch(launcher.LaunchSpec(
+      command=(sys.executable, FAILURE_CLIENT), num_clients=3, devices_per_client=1,
+      timeout=90, grace=3, log_dir=str(tmp_path)), out=out, err=err,
+      env=clean_env(**{**TEST_TIMEOUTS, "JDTENSOR_HEARTBEAT_PERIOD": "0.5",
+                       "SCENARIO": scenario, "CULPRIT": "1", **env}))
+  err = err.getvalue()
+  assert res.first_failure == 1, (res.reason, err)
+  # Right under the summary line.
+  summary_at = err.splitlines().index(res.reason)
+  assert err.splitlines()[summary_at + 1].startswith("jdtensor launch: main threads"), err
+  block = stack_block(err)
+  assert sorted(block) == [0, 1, 2], err
+  assert re.fullmatch(culprit_says, block[1]), (block, err)
+  for c in (0, 2):
+    assert re.fullmatch(others_say, block[c]), (block, err)
+  # Every thread's stack, whole, in each answering client's log.
+  for c in (0, 2):
+    log = (tmp_path / f"client-{c}.log").read_text()
+    assert "==== jdtensor launch: every thread's stack when the verdict was named" in log
+    assert "Thread 'MainThread' (most recent call last):" in log
+    assert "Thread 'jdtensor-heartbeat' (most recent call last):" in log

@@ -186,6 +186,9 @@ class Recorder:
   def where(self):
     return self._where
 
+  def where_in_program(self):
+    return None if self.at_exit else self._where
+
 
 def first_exchanges(hbs):
   """Runs every client's first exchange together (it is collective)."""

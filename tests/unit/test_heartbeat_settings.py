@@ -155,9 +155,37 @@ def test_heartbeat_settings_defaults_and_agreement_keys():
   assert (s.period, s.policy, s.stuck_timeout, s.stall_timeout) == (40, "terminate",
                                                                    80, 0)
   assert sorted(s.handshake()) == [
-      "JDTENSOR_HEARTBEAT_PERIOD", "JDTENSOR_HEARTBEAT_POLICY",
-      "JDTENSOR_STALL_KILL_ALL_WAITING", "JDTENSOR_STALL_TIMEOUT",
+      "JDTENSOR_HEARTBEAT_PERIOD", "JDTENSOR_HEARTBEAT_POLICY", "JDTENSOR_STALL_FLOOR",
+      "JDTENSOR_STALL_KILL_ALL_WAITING", "JDTENSOR_STALL_LEARN", "JDTENSOR_STALL_TIMEOUT",
       "JDTENSOR_STRAGGLER_THRESHOLD", "JDTENSOR_STRAGGLER_WINDOW",
       "JDTENSOR_STUCK_TIMEOUT"]
   # The straggler window is at least two periods (80 s here), else 60 s.
   assert (s.straggler_threshold, s.straggler_window) == (30, 80)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, (300.0, 30.0, True)),
+    ({"JDTENSOR_STALL_LEARN": "false"}, (300.0, 30.0, False)),
+    ({"JDTENSOR_STALL_FLOOR": "10"}, (300.0, 10.0, True)),
+    # A stall time-out set below the default floor: the floor follows it.
+    ({"JDTENSOR_STALL_TIMEOUT": "5"}, (5.0, 5.0, True)),
+    # A floor set above the default ceiling: the ceiling follows it.
+    ({"JDTENSOR_STALL_FLOOR": "600"}, (600.0, 600.0, True)),
+    ({"JDTENSOR_STALL_TIMEOUT": "0"}, (0.0, 30.0, True)),
+    # Both set, the floor above the ceiling: the user's own contradiction.
+    ({"JDTENSOR_STALL_TIMEOUT": "5", "JDTENSOR_STALL_FLOOR": "6"},
+     "JDTENSOR_STALL_FLOOR='6' is above JDTENSOR_STALL_TIMEOUT='5': the learnt stall "
+     "time-out lies between the two; lower the floor or raise JDTENSOR_STALL_TIMEOUT."),
+    ({"JDTENSOR_STALL_FLOOR": "0"},
+     "JDTENSOR_STALL_FLOOR='0' must be a number of seconds from 1 to"),
+    ({"JDTENSOR_STALL_LEARN": "maybe"}, "JDTENSOR_STALL_LEARN"),
+], ids=["defaults", "learn-off", "floor", "ceiling-below-floor", "floor-above-ceiling",
+        "stall-off", "contradiction", "floor-zero", "learn-bad"])
+def test_the_learnt_stall_time_out_settings(env, expected):
+  if isinstance(expected, str):
+    with pytest.raises(ConfigError) as e:
+      _env.read_heartbeat_settings(env)
+    assert str(e.value).startswith(expected), str(e.value)
+    return
+  s = _env.read_heartbeat_settings(env)
+  assert (s.stall_timeout, s.stall_floor, s.stall_learn) == expected
