@@ -21,12 +21,6 @@ __all__ = ["GLOO_NOTICE_MARKERS", "GLOO_NOTICE_FRAGMENTS", "GLOO_NOTICE_LEFTOVER
 # happy path never matches one, and compiling them all costs about 1 ms of
 # every client's start-up.
 _PATTERNS: dict[str, tuple[str, int]] = {
-    # The qualified names of the coordination-service client's methods that
-    # wait for other clients (a barrier, a key another client sets): a
-    # client that comes out of one has met the others
-    # (`jdtensor.heartbeat.meetings`).
-    "SERVICE_WAIT_CALLS": (r"DistributedRuntimeClient\.(wait_at_barrier|"
-                           r"blocking_key_value_get(_bytes)?)", 0),
     # Gloo prints "[Gloo] Rank r is connected to k peer ranks. Expected number
     # of connected peer ranks is : k" whenever a device group first
     # communicates (jax-ml/jax#32673); the threads of several devices
@@ -62,13 +56,20 @@ GLOO_NOTICE_LABELS: re.Pattern[str]
 GLOO_NOTICE_PIECES: re.Pattern[str]
 GLOO_PEER_LOST: re.Pattern[str]
 GLOO_NEVER_JOINED: re.Pattern[str]
-SERVICE_WAIT_CALLS: re.Pattern[str]
 
 # The user's CPU backend keys each gloo communicator it sets up in the user's
 # coordination service as "cpu:gloo/<global device ids>/<rank>" (XLA's gloo
 # collectives under the CPU client's "cpu:" prefix). jdtensor reads it to
 # tell whether a client has joined a collective yet.
 GLOO_KEY_PREFIX = "cpu:gloo/"
+
+# The qualified names of the coordination-service client's methods that wait
+# for other clients (a barrier, a key another client sets), separated by
+# spaces: a client that comes out of one has met the others
+# (`jdtensor.heartbeat.meetings`).
+SERVICE_WAIT_CALLS = ("DistributedRuntimeClient.wait_at_barrier "
+                      "DistributedRuntimeClient.blocking_key_value_get "
+                      "DistributedRuntimeClient.blocking_key_value_get_bytes")
 
 # The status of a coordination-service barrier that timed out (the error's
 # text; the exception type, JaxRuntimeError, has no stable import path).
