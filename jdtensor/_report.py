@@ -342,7 +342,7 @@ class VerdictStack(NamedTuple):
 
 
 def stack_lines(clients: Sequence[int], stacks: Mapping[int, VerdictStack],
-                ended: Mapping[int, int]) -> list[str]:
+                ended: Mapping[int, int], node: int | None = None) -> list[str]:
   """The launcher's lines under a verdict: each client's main thread, one
   line per distinct place (clients in the same place share it, so a pod's
   thousand waiters are one line).
@@ -351,6 +351,7 @@ def stack_lines(clients: Sequence[int], stacks: Mapping[int, VerdictStack],
     clients: The clients to account for, in order.
     stacks: Their `VerdictStack` records, by client.
     ended: The exit codes of those that ended without one.
+    node: This node's rank, in a run of several nodes (as `summary`).
   """
   groups: dict[str, list[int]] = {}
   for client in clients:
@@ -363,7 +364,8 @@ def stack_lines(clients: Sequence[int], stacks: Mapping[int, VerdictStack],
       text = ("did not answer (stopped, or its interpreter held by C code, or no "
               "heartbeat)")
     groups.setdefault(text, []).append(client)
-  lines = ["jdtensor launch: main threads when the verdict was named:"]
+  head = "jdtensor launch" + (f" (node {node})" if node is not None else "")
+  lines = [f"{head}: main threads when the verdict was named:"]
   for text, members in groups.items():
     lines.append(f"  client{'s' if len(members) > 1 else ''} {ids_text(members)}: {text}")
   return lines

@@ -401,6 +401,8 @@ def _run_attempts(node: Any, spec: LaunchSpec, out: IO[str], err: IO[str],
       decision = node.decide(result, signals)
       if decision.line:
         say(err, decision.line)
+      for line in result.verdict_stacks:  # Under the summary it words.
+        say(err, line)
       if decision.over:
         return result
       attempt += 1

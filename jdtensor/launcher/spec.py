@@ -175,6 +175,9 @@ class LaunchResult:
     stopped: The clients the launcher's stop ended (never the root cause,
       nor a client that had already ended its script).
     killed: Those of them SIGKILLed after ignoring SIGTERM for the grace.
+    verdict_stacks: The lines under the summary when a client's heartbeat
+      named a verdict: where each of this node's clients' main thread was
+      (one line per place), or that it could not answer.
   """
   returncodes: list[int | None] = field(default_factory=list)
   pids: list[int] = field(default_factory=list)
@@ -188,6 +191,7 @@ class LaunchResult:
   restarts: int = 0
   stopped: list[int] = field(default_factory=list)
   killed: list[int] = field(default_factory=list)
+  verdict_stacks: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -326,7 +326,8 @@ class _Supervisor:
     if not stacks:
       return codes
     ended = {self.ids[i]: c for i, c in enumerate(codes) if c is not None}
-    self.stack_lines = stack_lines(self.ids, stacks, ended)
+    self.stack_lines = stack_lines(self.ids, stacks, ended,
+                                   self.spec.node_rank if self.spec.nnodes > 1 else None)
     for client, record in stacks.items():
       log = self.logs.get(client)
       if log is not None and record.stacks:
@@ -443,8 +444,10 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
     shutil.rmtree(sup.report_dir, ignore_errors=True)
   if result.reason and not quiet:
     sup.output.line(result.reason)
-  for line in sup.stack_lines:  # Under the verdict, however it is worded.
-    sup.output.line(line)
+  result.verdict_stacks = list(sup.stack_lines)
+  if not quiet:  # Else the caller writes them under its summary.
+    for line in result.verdict_stacks:
+      sup.output.line(line)
   if waits:  # Not the caller's to word (`quiet` is for the summary line).
     sup.output.line(waits)
   return result

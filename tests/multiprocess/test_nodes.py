@@ -142,11 +142,15 @@ def test_one_node_restarts_too():
                   SCENARIO_ON_ATTEMPT="0", STEPS="5")
   codes = run.finish(180)
   assert codes == [0], run.out
-  # One line per restart, with the attempt's whole summary; nothing else.
-  lines = re.findall(r"^jdtensor launch: .*$", run.out[0], re.M)
-  assert len(lines) == 1, run.out[0]
+  # One line per restart, with the attempt's whole summary, then where each
+  # client was at the verdict (client 0's heartbeat named client 1's early
+  # exit); nothing else.
+  lines = re.findall(r"^(?:jdtensor launch: |  clients? ).*$", run.out[0], re.M)
+  assert len(lines) == 4, run.out[0]
   assert re.fullmatch(r"jdtensor launch: restarting \(1 of 2\) after: client 1 "
                       r"exited with code 3; stopped clients .*", lines[0]), lines
+  assert lines[1] == "jdtensor launch: main threads when the verdict was named:", lines
+  assert sorted(l.split(":")[0] for l in lines[2:]) == ["  client 0", "  client 1"], lines
 
 
 def test_a_node_that_never_comes_is_named_after_the_timeout():
