@@ -3,7 +3,7 @@
     python benchmarks/run_all.py [--repeats N] [--only SECTION,...]
 
 ``--only`` reruns the named sections (startup, startup_cpu, instructions,
-scaling, ring, heartbeat, api, testing, verdicts, faults) and keeps the others
+scaling, ring, heartbeat, api, testing, verdicts, hang, faults) and keeps the others
 as they are in RESULTS.md, each with the date it was made.
 
 Every figure is measured side by side with its baseline in the same run
@@ -26,7 +26,7 @@ import subprocess  # noqa: E402
 
 from benchmarks import (bench_api, bench_heartbeat, bench_instructions, bench_ring,
                         bench_scaling, bench_startup, bench_startup_cpu,
-                        bench_testing, bench_verdicts)  # noqa: E402
+                        bench_hang_triage, bench_testing, bench_verdicts)  # noqa: E402
 from benchmarks._timing import machine  # noqa: E402
 
 
@@ -89,6 +89,13 @@ SECTIONS = {  # key -> (title, intro)
                  "`python benchmarks/bench_verdicts.py`: 4 clients, period 0.5 s, "
                  "1 and 2 devices per client, results kept or read as temporaries "
                  "(issue #19's rows); seconds from the misbehaviour to the end."),
+    "hang": ("Hang triage: the learnt stall time-out",
+             "`python benchmarks/bench_hang_triage.py --baseline`: the heartbeat's "
+             "defaults (period 2 s, floor 30 s, JDTENSOR_STALL_TIMEOUT 300 s), "
+             "1 CPU device per client, a loop of 1 s steps (an idle data load, "
+             "then a psum or a coordination-service barrier); client 1 "
+             "misbehaves 40 s in. Seconds from the misbehaviour to the "
+             "launcher's return; one run each (the bound is the figure)."),
     "faults": ("Fault and bad-input suite",
                "Each case runs in fresh processes with a hard deadline and "
                "asserts a clear error, a bounded time and no leftover process."),
@@ -136,6 +143,7 @@ def main(argv=None) -> int:
       # heartbeat's first exchange); more rounds for a median.
       "testing": lambda: bench_testing.main(["--repeats", str(max(args.repeats, 11))]),
       "verdicts": lambda: bench_verdicts.main(["--repeats", str(min(args.repeats, 3))]),
+      "hang": lambda: bench_hang_triage.main(["--baseline"]),
       "faults": fault_suite,
   }
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")

@@ -19,11 +19,13 @@ import json
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, TypeVar
 
 from jdtensor._ids import ids_text
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
+
+_R = TypeVar("_R")
 
 __all__ = ["Reason", "Report", "ClientEnd", "RootCause", "root_cause", "summary",
            "describe_exit", "mark_finished", "finished_clients", "VerdictStack",
@@ -89,6 +91,34 @@ def describe_exit(code: int) -> str:
   return f"exited with code {code}"
 
 
+def _write_record(path: str, record: Mapping[str, object]) -> None:
+  """`record` as JSON at `path`, atomically (the launcher may read at any time)."""
+  with open(path + ".tmp", "w") as f:
+    json.dump(record, f)
+  os.replace(path + ".tmp", path)
+
+
+def _read_records(directory: str, suffix: str, parse: Callable[[dict], _R]
+                  ) -> dict[int, _R]:
+  """Every ``client-<id><suffix>`` in `directory` that `parse` takes, by its
+  ``client`` field; a malformed or half-gone one is skipped."""
+  out: dict[int, _R] = {}
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return out
+  for name in names:
+    if not (name.startswith("client-") and name.endswith(suffix)):
+      continue
+    try:
+      with open(os.path.join(directory, name)) as f:
+        record = parse(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+      continue
+    out[record.client] = record  # type: ignore[attr-defined]
+  return out
+
+
 class Report(NamedTuple):
   """What one client told the launcher.
 
@@ -122,38 +152,23 @@ class Report(NamedTuple):
     path = os.path.join(directory, f"client-{self.client}.json")
     record = {**self._asdict(), "culprits": list(self.culprits),
               "subject": list(self.subject)}
-    with open(path + ".tmp", "w") as f:
-      json.dump(record, f)
-    os.replace(path + ".tmp", path)
+    _write_record(path, record)
 
   @staticmethod
   def read_all(directory: str) -> dict[int, Report]:
     """Every well-formed report in `directory`, by client; others are skipped."""
-    out: dict[int, Report] = {}
-    try:
-      names = os.listdir(directory)
-    except OSError:
-      return out
-    for name in names:
-      if not (name.startswith("client-") and name.endswith(".json")):
-        continue
-      try:
-        with open(os.path.join(directory, name)) as f:
-          data = json.load(f)
-        at = data.get("at")
-        reporter = data.get("reporter")
-        report = Report(int(data["client"]), tuple(int(c) for c in data["culprits"]),
-                        str(data["why"]),
-                        float(at) if isinstance(at, (int, float)) else None,
-                        bool(data.get("departure", False)),
-                        bool(data.get("leaving", False)),
-                        str(data.get("detail", "")),
-                        tuple(int(c) for c in data.get("subject", ())),
-                        None if reporter is None else int(reporter))
-      except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        continue
-      out[report.client] = report
-    return out
+    def parse(data: dict) -> Report:
+      at = data.get("at")
+      reporter = data.get("reporter")
+      return Report(int(data["client"]), tuple(int(c) for c in data["culprits"]),
+                    str(data["why"]),
+                    float(at) if isinstance(at, (int, float)) else None,
+                    bool(data.get("departure", False)),
+                    bool(data.get("leaving", False)),
+                    str(data.get("detail", "")),
+                    tuple(int(c) for c in data.get("subject", ())),
+                    None if reporter is None else int(reporter))
+    return _read_records(directory, ".json", parse)
 
   @property
   def on_its_way_out(self) -> bool:
@@ -314,31 +329,14 @@ class VerdictStack(NamedTuple):
 
   def write(self, directory: str) -> None:
     """Atomically, as ``client-<id>.stack``."""
-    path = os.path.join(directory, f"client-{self.client}.stack")
-    with open(path + ".tmp", "w") as f:
-      json.dump(self._asdict(), f)
-    os.replace(path + ".tmp", path)
+    _write_record(os.path.join(directory, f"client-{self.client}.stack"), self._asdict())
 
   @staticmethod
   def read_all(directory: str) -> dict[int, VerdictStack]:
     """Every well-formed record in `directory`, by client."""
-    out: dict[int, VerdictStack] = {}
-    try:
-      names = os.listdir(directory)
-    except OSError:
-      return out
-    for name in names:
-      if not (name.startswith("client-") and name.endswith(".stack")):
-        continue
-      try:
-        with open(os.path.join(directory, name)) as f:
-          data = json.load(f)
-        record = VerdictStack(int(data["client"]), str(data["phase"]),
-                              str(data["where"]), str(data.get("stacks", "")))
-      except (OSError, ValueError, KeyError, TypeError):
-        continue
-      out[record.client] = record
-    return out
+    return _read_records(directory, ".stack", lambda data: VerdictStack(
+        int(data["client"]), str(data["phase"]), str(data["where"]),
+        str(data.get("stacks", ""))))
 
 
 def stack_lines(clients: Sequence[int], stacks: Mapping[int, VerdictStack],

@@ -39,3 +39,19 @@ def run_scenario(scenarios):
     sys.stdout.flush()
     os.write(1, f"\nERROR {type(e).__name__}: {e}\n".encode())
     sys.exit(1)
+
+
+def psum_over_every_device():
+  """(psum, x): a jitted psum over a `jax.make_mesh` mesh of every device
+  (processes x local devices), and an array of ones sharded over it;
+  ``psum(x)`` holds processes x local devices."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  n, local = jax.process_count(), jax.local_device_count()
+  mesh = jax.make_mesh((n, local), ("b", "m"))
+  psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, ("b", "m")), mesh=mesh,
+                               in_specs=P("b", "m"), out_specs=P()))
+  x = jax.make_array_from_callback((n, local), NamedSharding(mesh, P("b", "m")),
+                                   lambda idx: np.ones((1, 1), np.float32))
+  return psum, x

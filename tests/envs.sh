@@ -156,7 +156,8 @@ run_oldest() {
     tests/multiprocess/test_multi_client.py tests/multiprocess/test_invisible.py \
     tests/multiprocess/test_failure_modes.py tests/multiprocess/test_device_count.py \
     tests/multiprocess/test_heartbeat.py tests/multiprocess/test_jaxlib_texts.py \
-    tests/multiprocess/test_launcher.py tests/multiprocess/test_testing.py
+    tests/multiprocess/test_launcher.py tests/multiprocess/test_testing.py \
+    "tests/multiprocess/test_hang_triage.py::test_every_clients_stack_is_under_the_verdict"
 }
 
 run_integration() {

@@ -21,7 +21,7 @@ MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
 STDLIB_ONLY = ["launcher", "launcher.gpus", "launcher.spec", "launcher.processes", "launcher.output",
                "launcher.supervisor", "launcher.meeting", "launcher.nodes", "_report", "_wire",
                "_status",
-               "_jaxlib_texts",
+               "_jaxlib_texts", "_monitoring",
                "cli", "_env", "cluster", "errors",
                "device_spec", "_device_nodes", "_logging", "testing", "testing._transport"]
 
@@ -165,7 +165,7 @@ LAYERS = [
     ("the floor", ["errors", "_env.names", "_env.parse", "_env.cluster_env",
                    "_env.runtime_env", "_env.heartbeat_env", "_env", "_logging",
                    "_deadline", "_ids", "_limits", "device_spec", "_device_nodes", "_wire",
-                   "_jaxlib_texts",
+                   "_jaxlib_texts", "_monitoring",
                    "_report", "_status", "cluster"]),
     ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),
     ("runtime leaves", ["runtime.links", "runtime.handshake",

@@ -57,6 +57,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from jdtensor import _jaxlib_texts
+from jdtensor._monitoring import claim_tool, release_tool
 
 __all__ = ["AFTER_EXIT_HANDLERS", "Departure", "ExitGuard", "FLUSH_DEADLINE",
            "SystemExitWatch",
@@ -296,15 +297,12 @@ class SystemExitWatch:
   def start(self) -> bool:
     """Starts watching; False where ``sys.monitoring`` is absent or no tool
     id is free."""
-    monitoring = getattr(sys, "monitoring", None)
-    if monitoring is None or self._tool is not None:
-      return self._tool is not None
-    for tool in self.TOOL_IDS:
-      if monitoring.get_tool(tool) is None:
-        break
-    else:
+    if self._tool is not None:
+      return True
+    claimed = claim_tool(self.TOOL_IDS, self.TOOL_NAME)
+    if claimed is None:
       return False
-    monitoring.use_tool_id(tool, self.TOOL_NAME)
+    monitoring, tool = claimed
     outstanding = self._outstanding
     main = threading.main_thread().ident
 
@@ -329,12 +327,8 @@ class SystemExitWatch:
     """Gives the tool id back (tests; a process keeps watching to its end)."""
     if self._tool is None:
       return
-    monitoring = sys.monitoring  # type: ignore[attr-defined]
-    monitoring.set_events(self._tool, 0)
-    for event in (monitoring.events.RAISE, monitoring.events.RERAISE,
-                  monitoring.events.EXCEPTION_HANDLED):
-      monitoring.register_callback(self._tool, event, None)
-    monitoring.free_tool_id(self._tool)
+    events = sys.monitoring.events  # type: ignore[attr-defined]
+    release_tool(self._tool, (events.RAISE, events.RERAISE, events.EXCEPTION_HANDLED))
     self._tool = None
     self._outstanding.clear()
 

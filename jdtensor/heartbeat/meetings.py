@@ -25,6 +25,7 @@ import threading
 from typing import Any
 
 from jdtensor import _jaxlib_texts
+from jdtensor._monitoring import claim_tool, release_tool
 
 __all__ = ["ServiceWaitWatch"]
 
@@ -47,18 +48,13 @@ class ServiceWaitWatch:
   def start(self) -> bool:
     """Starts watching; False where ``sys.monitoring`` is absent or no tool
     id is free."""
-    monitoring = getattr(sys, "monitoring", None)
-    if monitoring is None:
-      return False
     with self._lock:
       if self._tool is not None or self.met:
         return self._tool is not None
-      for tool in self.TOOL_IDS:
-        if monitoring.get_tool(tool) is None:
-          break
-      else:
+      claimed = claim_tool(self.TOOL_IDS, self.TOOL_NAME)
+      if claimed is None:
         return False
-      monitoring.use_tool_id(tool, self.TOOL_NAME)
+      monitoring, tool = claimed
       waits = frozenset(_jaxlib_texts.SERVICE_WAIT_CALLS.split())
       main = threading.main_thread().ident
       disable = monitoring.DISABLE
@@ -89,11 +85,8 @@ class ServiceWaitWatch:
     with self._lock:
       if self._tool is None:
         return
-      monitoring = sys.monitoring  # type: ignore[attr-defined]
-      monitoring.set_events(self._tool, 0)
-      monitoring.register_callback(self._tool, monitoring.events.CALL, None)
-      monitoring.register_callback(self._tool, monitoring.events.C_RETURN, None)
-      monitoring.free_tool_id(self._tool)
+      events = sys.monitoring.events  # type: ignore[attr-defined]
+      release_tool(self._tool, (events.CALL, events.C_RETURN))
       self._tool = None
 
   def has_met(self) -> bool:

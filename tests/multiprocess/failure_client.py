@@ -27,17 +27,14 @@ jdtensor.initialize_accelerator_system("CPU")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+from tests.client_common import psum_over_every_device  # noqa: E402
 
 n, k, local = jax.process_count(), jax.process_index(), jax.local_device_count()
 # "all": every client misbehaves, the others LATE_SECONDS after client 0.
 bad = os.environ.get("CULPRIT", "1")
 bad = k if bad == "all" else int(bad)
-mesh = jax.make_mesh((n, local), ("b", "m"))
-psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, ("b", "m")), mesh=mesh,
-                             in_specs=P("b", "m"), out_specs=P()))
-x = jax.make_array_from_callback((n, local), NamedSharding(mesh, P("b", "m")),
-                                 lambda idx: np.ones((1, 1), np.float32))
+psum, x = psum_over_every_device()
 
 
 def next_batch(step):

@@ -26,9 +26,8 @@ jdtensor.initialize_accelerator_system("CPU")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from tests.client_common import scenario_name  # noqa: E402
+from tests.client_common import psum_over_every_device, scenario_name  # noqa: E402
 
 n, k, local = jax.process_count(), jax.process_index(), jax.local_device_count()
 what = scenario_name()
@@ -36,11 +35,7 @@ culprit = int(os.environ.get("CULPRIT", "1"))
 sync = os.environ.get("SYNC", "psum")
 step_seconds = float(os.environ.get("STEP_SECONDS", "0.2"))
 misbehave_after = float(os.environ.get("MISBEHAVE_AFTER", "0"))
-mesh = jax.make_mesh((n, local), ("b", "m"))
-psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, ("b", "m")), mesh=mesh,
-                             in_specs=P("b", "m"), out_specs=P()))
-x = jax.make_array_from_callback((n, local), NamedSharding(mesh, P("b", "m")),
-                                 lambda idx: np.ones((1, 1), np.float32))
+psum, x = psum_over_every_device()
 if sync == "barrier":
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
   client = distributed.global_state.client

@@ -47,19 +47,15 @@ jdtensor.initialize_accelerator_system("CPU")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from benchmarks._busy import one_long_call  # noqa: E402
+from tests.client_common import psum_over_every_device  # noqa: E402
 
 n, k, local = jax.process_count(), jax.process_index(), jax.local_device_count()
 scen, bad = os.environ.get("SCENARIO", "none"), int(os.environ.get("CULPRIT", "-1"))
 read = os.environ.get("READ", "kept")
 late = float(os.environ.get("LATE", "10"))
-mesh = jax.make_mesh((n, local), ("b", "m"))
-psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, ("b", "m")), mesh=mesh,
-                             in_specs=P("b", "m"), out_specs=P()))
-x = jax.make_array_from_callback((n, local), NamedSharding(mesh, P("b", "m")),
-                                 lambda idx: np.ones((1, 1), np.float32))
+psum, x = psum_over_every_device()
 if os.environ.get("GUARD"):
   jax.thread_guard(True).__enter__()  # For the rest of the script.
 if scen == "atexit_raise":

@@ -165,3 +165,23 @@ def test_a_summary_of_300_clients_stays_a_line_and_a_cut_grace_says_why():
   assert summary("received SIGTERM", [1], killed=[1], grace=30) == (
       "jdtensor launch: received SIGTERM; stopped clients 1 (client 1 ignored "
       "SIGTERM for 30 s: killed)")
+
+
+def test_the_stacks_under_a_verdict_one_line_per_place(tmp_path):
+  from jdtensor._report import VerdictStack, stack_lines
+  waiting = "train.py:44 main"
+  for c in (0, 2, 3, 4, 6):
+    VerdictStack(c, "collective", waiting, "Thread 'MainThread' ...").write(str(tmp_path))
+  VerdictStack(1, "own code", "data.py:88 next_batch <- train.py:40 main").write(str(tmp_path))
+  (tmp_path / "client-7.stack").write_text("{not json")  # Half written: skipped.
+  stacks = VerdictStack.read_all(str(tmp_path))
+  assert sorted(stacks) == [0, 1, 2, 3, 4, 6]
+  assert stack_lines(range(9), stacks, {5: -9}) == [
+      "jdtensor launch: main threads when the verdict was named:",
+      "  clients 0, 2, 3, 4, 6: train.py:44 main (collective)",
+      "  client 1: data.py:88 next_batch <- train.py:40 main (own code)",
+      "  client 5: was killed by SIGKILL (no stack: it ended first)",
+      "  clients 7, 8: did not answer (stopped, or its interpreter held by C code, "
+      "or no heartbeat)"]
+  assert stack_lines([1], stacks, {}, node=2)[0] == (
+      "jdtensor launch (node 2): main threads when the verdict was named:")
