@@ -67,15 +67,21 @@ def mark_finished(directory: str, client: int) -> None:
 
 def finished_clients(directory: str) -> set[int]:
   """The clients that ended their script normally (`mark_finished`)."""
+  return _clients_with(directory, ".finished")
+
+
+def _clients_with(directory: str, suffix: str) -> set[int]:
+  """The ids of the ``client-<id><suffix>`` files in `directory` (names
+  only: nothing is read)."""
   try:
     names = os.listdir(directory)
   except OSError:
     return set()
   out = set()
   for name in names:
-    if name.startswith("client-") and name.endswith(".finished"):
+    if name.startswith("client-") and name.endswith(suffix):
       try:
-        out.add(int(name[len("client-"):-len(".finished")]))
+        out.add(int(name[len("client-"):-len(suffix)]))
       except ValueError:
         continue
   return out
@@ -330,6 +336,11 @@ class VerdictStack(NamedTuple):
   def write(self, directory: str) -> None:
     """Atomically, as ``client-<id>.stack``."""
     _write_record(os.path.join(directory, f"client-{self.client}.stack"), self._asdict())
+
+  @staticmethod
+  def answered(directory: str) -> set[int]:
+    """The clients that wrote theirs (names only: cheap to poll)."""
+    return _clients_with(directory, ".stack")
 
   @staticmethod
   def read_all(directory: str) -> dict[int, VerdictStack]:

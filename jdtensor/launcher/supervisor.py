@@ -314,15 +314,16 @@ class _Supervisor:
     lines for under the summary and writes every thread's stack into each
     client's log (--log-dir). Returns the exit codes now."""
     start = time.monotonic()
-    while True:
+    while True:  # Names only while waiting; the records are read once.
       codes = self._poll()
-      stacks = VerdictStack.read_all(self.report_dir)
-      silent = [i for i, c in enumerate(codes) if c is None and self.ids[i] not in stacks]
+      answered = VerdictStack.answered(self.report_dir)
+      silent = [i for i, c in enumerate(codes) if c is None and self.ids[i] not in answered]
       waited = time.monotonic() - start
       if (not silent or waited >= _VERDICT_STACK_SECONDS
-          or (not stacks and waited >= _REPORT_SECONDS)):
+          or (not answered and waited >= _REPORT_SECONDS)):
         break
       time.sleep(_POLL_SECONDS)
+    stacks = VerdictStack.read_all(self.report_dir) if answered else {}
     if not stacks:
       return codes
     ended = {self.ids[i]: c for i, c in enumerate(codes) if c is not None}

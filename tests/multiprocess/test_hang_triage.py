@@ -6,6 +6,7 @@ Real clients under `jdtensor launch` (hang_client.py): a step loop of an
 idle data load and a meeting (a psum, or a coordination-service barrier).
 """
 
+import io
 import os
 import re
 import sys
@@ -13,8 +14,9 @@ import time
 
 import pytest
 
+from jdtensor import launcher
 from jdtensor.errors import OWN_FAILURE_EXIT_CODE
-from tests.helpers import REPO, launch_clients
+from tests.helpers import REPO, TEST_TIMEOUTS, clean_env, launch_clients
 
 pytestmark = pytest.mark.multiprocess
 
@@ -143,9 +145,6 @@ def stack_block(err):
 
 @pytest.mark.parametrize("scenario", sorted(STACK_CASES))
 def test_every_clients_stack_is_under_the_verdict(scenario, tmp_path):
-  from jdtensor import launcher
-  import io
-  from tests.helpers import TEST_TIMEOUTS, clean_env
   env, culprit_says, others_say = STACK_CASES[scenario]
   out, err = io.StringIO(), io.StringIO()
   res = launcher.launch(launcher.LaunchSpec(

@@ -185,3 +185,14 @@ def test_the_stacks_under_a_verdict_one_line_per_place(tmp_path):
       "or no heartbeat)"]
   assert stack_lines([1], stacks, {}, node=2)[0] == (
       "jdtensor launch (node 2): main threads when the verdict was named:")
+
+
+def test_who_answered_is_read_from_the_names_alone(tmp_path):
+  from jdtensor._report import VerdictStack, finished_clients, mark_finished
+  VerdictStack(3, "collective", "train.py:44 main").write(str(tmp_path))
+  (tmp_path / "client-5.stack").write_text("{half written")  # Its name counts.
+  (tmp_path / "client-x.stack").write_text("{}")
+  mark_finished(str(tmp_path), 2)
+  assert VerdictStack.answered(str(tmp_path)) == {3, 5}
+  assert finished_clients(str(tmp_path)) == {2}
+  assert VerdictStack.answered(str(tmp_path / "gone")) == set()
