@@ -10,8 +10,9 @@ open-source build).
 The package: this module is the entry point (DTensor's ``start``, and how a
 client leaves, below) and wires the parts together; `protocol` is the
 protocol itself (the beat thread, the verdicts said, the policies:
-`protocol.Heartbeat`, given the three small objects of `interfaces`);
-`verdicts` decides what a merged beat means and `wording` says it;
+`protocol.Heartbeat`, given the four small objects of `interfaces`);
+`verdicts` decides what a merged beat means, `failures` what a verdict or
+a peer's news means for this client, and `wording` says it;
 `watchdog` times the beats; `exchange` is the production
 exchange on the liveness links; `flight` records what the main thread is
 doing; `departure` reads how the process is leaving.
@@ -91,8 +92,8 @@ from jdtensor.heartbeat.exchange import LinkExchange, ack_every_for
 from jdtensor.heartbeat.flight import MainThreadRecorder, format_stacks
 from jdtensor.heartbeat.meetings import ServiceWaitWatch
 from jdtensor.heartbeat.interfaces import ProcessHooks
-from jdtensor.heartbeat.protocol import (CULPRIT_EXIT_GRACE, HOST_EXIT_WAIT, POLICIES,
-                                         ROLL_CALL_GRACE, Heartbeat)
+from jdtensor.heartbeat.failures import CULPRIT_EXIT_GRACE
+from jdtensor.heartbeat.protocol import HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE, Heartbeat
 
 # The contract (and the API reference). What jdtensor itself calls here
 # (`start_with`, `install_exit_guard`, `leave`, `tell_launcher_start_failed`)

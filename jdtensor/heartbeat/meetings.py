@@ -16,18 +16,59 @@ nothing; and the watch ends at the first meeting, for good. Only the main
 thread's calls count (jdtensor's own threads use the service too). On
 Python 3.11, or where no tool id is free, it does not start, and only the
 device collectives say a client is past its set-up.
+
+`JoinedQuestion` decides when a beat asks (`Exchange.joined_collective`).
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from jdtensor import _jaxlib_texts
 from jdtensor._monitoring import claim_tool, release_tool
+from jdtensor.heartbeat.flight import IN_JAX, RUNNING, WAITING
 
-__all__ = ["ServiceWaitWatch"]
+__all__ = ["ServiceWaitWatch", "JoinedQuestion"]
+
+
+class JoinedQuestion:
+  """Whether this client has met the others (its set-up is over), asked at
+  a beat only when the answer matters.
+
+  Asked while the main thread is inside JAX or waiting, or has run its own
+  code for half the `shortest` stall time-out (long enough to be named a
+  staller), else at most every `ASK_SECONDS` (the learnt stall time-out's
+  warm-up waits for every client's answer), and never again once yes. Not
+  at every beat: the question runs jaxlib code on a helper thread, and a
+  program that forks while it runs hands its child a held lock.
+
+  Args:
+    ask: The question (`jdtensor.heartbeat.interfaces.Exchange.joined_collective`).
+    clock: Monotonic seconds.
+    shortest: The shortest stall time-out in force (the learnt one's floor,
+      else the set one; 0: no stall verdicts).
+  """
+  ASK_SECONDS = 5.0
+
+  def __init__(self, ask: Callable[[], bool], clock: Callable[[], float],
+               shortest: float):
+    self._ask, self._clock, self._shortest = ask, clock, shortest
+    self._asked = -self.ASK_SECONDS
+    self.joined = False
+
+  def answer(self, phase: int, seconds: float) -> bool:
+    """This beat's answer; `phase` and `seconds` are the main thread's."""
+    if self.joined:
+      return True
+    now = self._clock()
+    if (phase in (IN_JAX, WAITING) or now - self._asked >= self.ASK_SECONDS
+        or (self._shortest > 0 and phase == RUNNING and seconds >= self._shortest / 2)):
+      self._asked = now
+      self.joined = bool(self._ask())
+    return self.joined
 
 
 class ServiceWaitWatch:

@@ -1,9 +1,10 @@
 """The heartbeat protocol: the beat thread, the verdicts said and the policies.
 
 No JAX and no sockets here: the exchange (the beat and its store), the
-peers (the liveness links), the process's hooks and the main-thread recorder
-are small objects given to `Heartbeat`, so tests run several clients as
-threads with fakes of a few lines. `jdtensor.heartbeat` wires it to the liveness
+peers (the liveness links), the process's hooks and the main-thread
+recorder are small objects given to `Heartbeat`
+(`jdtensor.heartbeat.interfaces`), so tests run several clients as threads
+with fakes of a few lines. `jdtensor.heartbeat` wires it to the liveness
 links (which carry the exchange too) and the process.
 
 In one beat each client sends a row (`jdtensor.heartbeat.verdicts.Row`):
@@ -11,9 +12,10 @@ DTensor's token, a stop request, and what its main thread is doing
 (`jdtensor.heartbeat.flight`: phase, seconds in it, how busy the process
 was). Where the rows meet, a `Decider` turns them into one outcome, which
 every client receives, so every client reaches the same verdict at the same
-beat (`jdtensor.heartbeat.verdicts` decides, `jdtensor.heartbeat.wording`
+beat (`jdtensor.heartbeat.verdicts` decides, `jdtensor.heartbeat.failures`
+says whom this client blames and how it leaves, `jdtensor.heartbeat.wording`
 words them; the list of verdicts is in `jdtensor.heartbeat`). A `Watchdog`
-thread times the beats.
+thread times the beats. What stays here is the threads and the policy.
 """
 
 from __future__ import annotations
@@ -22,16 +24,17 @@ import enum
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 import numpy as np
 
 from jdtensor import _logging as logging
 from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
-from jdtensor.heartbeat import wording
-from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
-from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING, format_stacks
+from jdtensor.heartbeat import failures, wording
+from jdtensor.heartbeat.failures import Failure
+from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks, Recorder
+from jdtensor.heartbeat.meetings import JoinedQuestion
+from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, format_stacks
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.watchdog import Watchdog
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
@@ -39,7 +42,7 @@ from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          BeatLayout, Decider, Outcome, Row, StallTimeout,
                                          Verdict)
 from jdtensor._report import Reason
-from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE, PeerFailureError
+from jdtensor.errors import PeerFailureError
 
 __all__ = ["Heartbeat", "Exiting", "BeatLayout", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
            "ROLL_CALL_GRACE", "IDLE_PERCENT", "exit_grace_for"]
@@ -55,18 +58,6 @@ ROLL_CALL_GRACE = 1.0
 # other clients' processes to end before its own exit (their JAX clients
 # abort the moment the service is gone).
 HOST_EXIT_WAIT = 5.0
-# Seconds a survivor waits, where no jdtensor launcher names the root cause
-# (under mpirun, srun, by hand), for the culprits' processes to end before
-# it leaves: the engine names the first process to fail, and that must be
-# the culprit. A culprit that never ends (stopped) costs the run this much.
-CULPRIT_EXIT_GRACE = 5.0
-# The same wait where another client's report names the culprits: a dead
-# culprit's end is told right after the report, but the report may be of a
-# culprit that never ends (stuck, cut off), which must not hold the run.
-REPORTED_CULPRIT_WAIT = 0.5
-# Seconds between asking whether this client has met the others, while it
-# runs its own code (see `Heartbeat._joined`).
-JOINED_ASK_SECONDS = 5.0
 
 
 class Exiting(enum.Enum):
@@ -92,22 +83,6 @@ class _WakingEvent(threading.Event):
     self._wake.set()
 
 
-class _Idle:
-  """The recorder when none is given: running, or at exit once finished."""
-  at_exit = False
-  joined = True
-
-  def sample(self, busy: float = 0.0, idle_percent: float = 0.0
-             ) -> tuple[int, float]:
-    return (AT_EXIT if self.at_exit else RUNNING), 0.0
-
-  def where(self) -> str:
-    return "(not recorded)"
-
-  def where_in_program(self) -> str | None:
-    return None if self.at_exit else "(not recorded)"
-
-
 def _first_line(error: BaseException) -> str:
   text = str(error).strip().splitlines()
   return text[0] if text else type(error).__name__
@@ -125,14 +100,14 @@ class Heartbeat:
       (no beats).
     peers: The other clients (the liveness links); None reaches nobody.
     process: This process's hooks; None: `ProcessHooks` (exits for real).
-    recorder: The main-thread recorder (`jdtensor.heartbeat.flight`):
-      ``sample()``, ``where()``, ``where_in_program()`` and an ``at_exit``
-      flag; None: always running.
+    recorder: The main-thread recorder
+      (`jdtensor.heartbeat.flight.MainThreadRecorder`); None: `Recorder`
+      (always running).
   """
 
   def __init__(self, settings: HeartbeatSettings, client_id: int, num_clients: int,
                exchange: Exchange | None = None, peers: Peers | None = None,
-               process: ProcessHooks | None = None, recorder: Any = None):
+               process: ProcessHooks | None = None, recorder: Recorder | None = None):
     self.settings = settings
     self.period = float(settings.period)
     self.policy = settings.policy
@@ -143,15 +118,11 @@ class Heartbeat:
     self.client_id, self.num_clients = client_id, num_clients
     self.layout = BeatLayout(num_clients)
     self._exchange = exchange
-    store = exchange if exchange is not None else Exchange()
-    self._roll_call, self._share, self._fetch = store.roll_call, store.share, store.fetch
-    self._joined_collective = store.joined_collective
-    self._close_timeout = store.close_timeout
-    self.recorder = recorder if recorder is not None else _Idle()
+    # The exchange's store (and its defaults where the beats do not run).
+    self._store = exchange if exchange is not None else Exchange()
+    self.recorder = recorder if recorder is not None else Recorder()
     self._peers = peers if peers is not None else Peers()
-    process = process if process is not None else ProcessHooks()
-    self._cpu, self._clock = process.cpu_seconds, process.clock
-    self._process = process
+    self._process = process if process is not None else ProcessHooks()
     # Decides this client's beats where the exchange hands it every row (on
     # the liveness links: client 0's decides for everyone).
     self.decider = Decider(num_clients, self.exit_grace,
@@ -159,10 +130,11 @@ class Heartbeat:
                                         settings.stall_learn, self.period),
                            WaitLedger(num_clients, settings.straggler_window,
                                       settings.straggler_threshold, self.period),
-                           self._clock)
-    self._has_joined = False
+                           self._process.clock)
+    stall = self.decider.stall
+    self._joined = JoinedQuestion(self._store.joined_collective, self._process.clock,
+                                  stall.floor if stall.learn else self.stall_timeout)
     self._seen_at_verdict: tuple[int, str, str] | None = None
-    self._joined_asked = -JOINED_ASK_SECONDS
     # Wakes the beat thread early: the stop, or this client reaching its end
     # (so that a run whose clients end together agrees on it in one beat,
     # not after up to a period).
@@ -191,17 +163,20 @@ class Heartbeat:
     self.leaving: set[int] = set()  # Clients that announced they are leaving.
     self.own_state: tuple[int, int, int] | None = None  # Last row's phase, s, busy.
     self._fail_lock = threading.Lock()
-    self.watchdog = Watchdog(self._clock, self.stuck_timeout, self.stopped,
+    self.watchdog = Watchdog(self._process.clock, self.stuck_timeout, self.stopped,
                              on_overdue=lambda: self._fail_missed(
                                  self._exchanged + 1, self.stuck_timeout, ""),
                              on_frozen=self._was_frozen, on_error=self._own_failure)
-    self._last_beat = self._clock()  # Every client was alive then.
+    self._last_beat = self._process.clock()  # Every client was alive then.
     self._threads: list[threading.Thread] = []
 
   @property
   def waits(self) -> WaitLedger:
     """The waiting ledger (kept where the beats are decided)."""
     return self.decider.waits
+
+  def _since_last_beat(self) -> float:
+    return self._process.clock() - self._last_beat
 
   # -- the beat thread ----------------------------------------------------------
 
@@ -211,7 +186,7 @@ class Heartbeat:
     Only an error of the exchange itself is a missed beat; an error in the
     rest of this code is this client's own (see `_run`).
     """
-    started = self._clock()
+    started = self._process.clock()
     self.watchdog.beat_started(started)
     try:
       outcome = self._exchange.beat(row)  # type: ignore[union-attr]
@@ -219,7 +194,7 @@ class Heartbeat:
       self._fail_missed(self._exchanged + 1, self.stuck_timeout,
                         f" (the beat failed: {_first_line(e)})")
       return None
-    self._last_beat = self._clock()
+    self._last_beat = self._process.clock()
     self.watchdog.beat_ended()
     self.beat_seconds += self._last_beat - started
     return outcome
@@ -229,7 +204,7 @@ class Heartbeat:
     all-reduce), with a deadline. Run by the heartbeat thread first."""
     n = self.num_clients
     token = int(np.random.default_rng().integers(0, 2**16 - 1))
-    self._roll_call(0, 0.0)  # The start marker: "this client started".
+    self._store.roll_call(0, 0.0)  # The start marker: "this client started".
     if self.client_id != 0:
       token = 0
     row = Row(self.client_id, token, False, RUNNING, 0, 0, first=True)
@@ -264,16 +239,11 @@ class Heartbeat:
     verdict = outcome.verdict
     if verdict is None or verdict.kind != FIRST_TOKENS:
       logging.info("Merged heartbeat signal %s", np.full(n, outcome.token, np.int32))
-    elif self.client_id == 0:
-      slots = np.asarray(verdict.tokens)
-      logging.info("Merged heartbeat signal %s", slots)
-      bad = np.flatnonzero(slots != token).tolist()
-      self._fail(wording.first_tokens_differ(token, bad), bad)
     else:
       logging.info("Merged heartbeat signal %s", np.asarray(verdict.tokens))
-      self._fail(wording.tokens_unequal(verdict.tokens), list(range(n)))
+      self._fail(failures.first_tokens(verdict, self.client_id, token))
     self.token = outcome.token
-    self._last_beat = self._clock()
+    self._last_beat = self._process.clock()
     self.ready.set()
 
   def _run(self) -> None:
@@ -288,7 +258,7 @@ class Heartbeat:
       if self.failure is None:
         self._loop()
       if self.failure is None:
-        self.closed_cleanly = self._exchange.close(self._close_timeout)
+        self.closed_cleanly = self._exchange.close(self._store.close_timeout)
     except BaseException as e:  # pylint: disable=broad-except
       self._own_failure(e)
     finally:
@@ -297,7 +267,7 @@ class Heartbeat:
 
   def _loop(self) -> None:
     logging.info("Starting a heartbeat thread")
-    wall, cpu = self._clock(), self._cpu()
+    wall, cpu = self._process.clock(), self._process.cpu_seconds()
     # Beats on a schedule from the first exchange's end, which every client
     # reaches at once: the clients' rows reach client 0 together, a batch a
     # beat, also where they do not wait for each beat's outcome. A beat that
@@ -313,12 +283,12 @@ class Heartbeat:
         self._wake.clear()
       next_beat = max(next_beat + self.period, time.monotonic() + self.period / 2)
       stop = self.event.is_set()
-      now, now_cpu = self._clock(), self._cpu()
+      now, now_cpu = self._process.clock(), self._process.cpu_seconds()
       busy = 100.0 * (now_cpu - cpu) / max(now - wall, 1e-3)
       wall, cpu = now, now_cpu
       phase, seconds = self.recorder.sample(busy, IDLE_PERCENT)
       row = Row(self.client_id, self.token, stop, phase, seconds, int(busy),
-                self._joined(phase, seconds))
+                self._joined.answer(phase, seconds))
       self.own_state = (int(phase), *row.clamped)
       outcome = self._timed_exchange(row)
       if outcome is None:
@@ -331,7 +301,7 @@ class Heartbeat:
       logging.vlog(2, "Heartbeat outcome %s", outcome)
       verdict = outcome.verdict
       if verdict is not None and verdict.kind == OUT_OF_SYNC:
-        self._out_of_sync(verdict)
+        self._fail(failures.out_of_sync(verdict, self.client_id, self.token, self.beats))
         break
       for client, share in outcome.stragglers:
         self._straggler(client, share, outcome.beat)
@@ -356,12 +326,12 @@ class Heartbeat:
     key = f"straggler/{client}/{beat}"
     if client == self.client_id:
       where = self.recorder.where()
-      self._share(key, where)
+      self._store.share(key, where)
       logging.warning("%s (main thread in %s)", text, where)
       return
 
     def fetch_and_log() -> None:
-      where = self._fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
+      where = self._store.fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
       logging.warning("%s (main thread in %s)", text, where)
     threading.Thread(target=fetch_and_log, daemon=True,
                      name="jdtensor-heartbeat-straggler").start()
@@ -385,30 +355,12 @@ class Heartbeat:
       return local
     return self._exchange.ask(what, ROLL_CALL_GRACE)
 
-  def _joined(self, phase: int, seconds: float) -> bool:
-    """Whether this client has met the others (set-up is over); asked of
-    `joined_collective` while inside JAX or running its own code long enough
-    to be a staller, else at most every `JOINED_ASK_SECONDS` (the learnt
-    stall time-out's warm-up waits for every client's answer), and never
-    again once true. (Not at every beat: the question runs jaxlib code on a
-    helper thread, and a program that forks while it runs hands its child a
-    held lock.)"""
-    if self._has_joined:
-      return True
-    now = self._clock()
-    shortest = self.decider.stall.floor if self.decider.stall.learn else self.stall_timeout
-    if (phase in (IN_JAX, WAITING) or now - self._joined_asked >= JOINED_ASK_SECONDS
-        or (shortest > 0 and phase == RUNNING and seconds >= shortest / 2)):
-      self._joined_asked = now
-      self._has_joined = bool(self._joined_collective())
-    return self._has_joined
-
-  # -- verdicts (decided in `jdtensor.heartbeat.verdicts`, said here) -----------
+  # -- verdicts (decided in `verdicts`, meant in `failures`, said here) ---------
 
   def _act_on(self, verdict: Verdict, beat: int) -> None:
     """Says a beat's verdict in this client's words and applies the policy
     (every client has the same verdict: nobody needs to be told)."""
-    n = self.num_clients
+    me, n = self.client_id, self.num_clients
     if verdict.kind != ALL_WAITING or self.stall_kill_all_waiting:
       # Before anything moves: a staller's exit ends the others' collective.
       try:
@@ -416,120 +368,68 @@ class Heartbeat:
       except Exception:  # pylint: disable=broad-except
         self._seen_at_verdict = None  # `_show_stacks` tries again, and says why.
     if verdict.kind == EARLY_EXIT:
-      gone = list(verdict.culprits)
-      self._fail(wording.early_exit(gone, verdict.waiting), gone, told=True)
+      self._fail(failures.early_exit(verdict))
     elif verdict.kind == STALLED:
-      staller = verdict.culprits[0]
-      self._stalled(staller, verdict, beat, [c for c in range(n) if c != staller])
-    elif verdict.kind == ALL_WAITING:
-      reason = wording.every_client_waiting(self.stall_timeout, self.client_id,
-                                            self.recorder.where())
-      if self.stall_kill_all_waiting:
-        self._fail(reason, list(range(n)), told=True)
+      key, staller = f"stall/{beat}", verdict.culprits[0]
+      if staller == me:
+        where = self.recorder.where()
+        self._store.share(key, where)
       else:
-        logging.warning("%s", reason.heartbeat_line())
-
-  def _stalled(self, staller: int, verdict: Verdict, beat: int, waiters: list[int]
-               ) -> None:
-    key = f"stall/{beat}"
-    if staller == self.client_id:
-      where = self.recorder.where()
-      self._share(key, where)
-    else:
-      where = self._fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
-    stall = self.decider.stall
-    self._fail(wording.stalled(staller, where, verdict.seconds, waiters,
-                               timeout=verdict.timeout, learnt=verdict.learnt,
-                               floor=stall.floor, ceiling=stall.ceiling),
-               [staller], exit_code=(OWN_FAILURE_EXIT_CODE
-                                     if staller == self.client_id else PEER_FAILURE_EXIT_CODE),
-               told=True, culprit_wait=CULPRIT_EXIT_GRACE)  # It ends itself.
-
-  def _out_of_sync(self, verdict: Verdict) -> None:
-    """Names the clients whose slots lack the cluster's token (a restarted
-    client blames itself: `Decider` takes the token most slots hold)."""
-    me = self.client_id
-    mine = verdict.token_of(me)
-    cluster_token = verdict.cluster_token
-    if mine != self.token:
-      # Only this client writes its slot: the exchange itself is broken.
-      self._fail(wording.wrong_sum(self.beats, me, self.token, mine, cluster_token),
-                 [me], exit_code=OWN_FAILURE_EXIT_CODE)
-      return
-    if me in verdict.culprits:
-      self._fail(wording.out_of_sync_here(me, self.token, cluster_token, self.beats),
-                 [me], exit_code=OWN_FAILURE_EXIT_CODE)
-      return
-    wrong = list(verdict.culprits)
-    self._fail(wording.out_of_sync(wrong, verdict.tokens, cluster_token, self.beats),
-               wrong, told=True)
+        where = self._store.fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
+      self._fail(failures.stalled(verdict, me, n, where, self.decider.stall))
+    elif verdict.kind == ALL_WAITING:
+      failure = failures.every_client_waiting(me, n, self.stall_timeout,
+                                              self.recorder.where())
+      if self.stall_kill_all_waiting:
+        self._fail(failure)
+      else:
+        logging.warning("%s", failure.reason.heartbeat_line())
 
   def late_for_collective(self, waited: float) -> None:
     """This client's collective gave up after `waited` s setting up with a
     client that never joined it: names the clients still in their set-up
     (never joined a collective), from the last beat, as the cause."""
-    unjoined = self.clients("unjoined")
-    late = [c for c in unjoined or () if c != self.client_id]
-    if not late:
-      return
-    self._fail(wording.late_for_collective(late, waited), late)
+    failure = failures.late_for_collective(self.client_id, self.clients("unjoined"),
+                                           waited)
+    if failure is not None:
+      self._fail(failure)
 
   # -- what the watchdog finds ------------------------------------------------
 
   def _was_frozen(self, seconds: float) -> None:
-    if seconds >= self.stuck_timeout:
-      own, public = wording.frozen(self.client_id, seconds, self.stuck_timeout)
-      self._fail(own, [self.client_id], exit_code=OWN_FAILURE_EXIT_CODE, public=public)
+    failure = failures.frozen(self.client_id, seconds, self.stuck_timeout)
+    if failure is not None:
+      self._fail(failure)
     else:
-      logging.warning("heartbeat: this client (%d) did not run for %.1f s "
-                      "(within the stuck time-out, %g s)", self.client_id,
-                      seconds, self.stuck_timeout)
+      logging.warning("%s", wording.paused(self.client_id, seconds, self.stuck_timeout))
 
   def _fail_missed(self, beat: int, waited: float, detail: str) -> None:
     """A beat did not complete within `waited` s: a roll call (every healthy
     client blocked in the same beat answers it within a moment) names the
     ones that do not answer."""
-    others = [c for c in range(self.num_clients) if c != self.client_id]
-    present = self._roll_call(beat, ROLL_CALL_GRACE)
-    if present is None:
-      self._fail(wording.beat_not_completed(beat, waited, detail,
-                                            service_unreachable=True), [0])
-      return
-    missing = [c for c in others if c not in present]
-    if not missing:
-      self._fail(wording.beat_not_completed(beat, waited, detail), others)
-      return
-    self._fail(wording.beat_not_completed(
-        beat, waited, detail, missing=missing, age=self._clock() - self._last_beat,
-        finished=[c for c in missing if c in self.departed]), missing)
+    present = self._store.roll_call(beat, ROLL_CALL_GRACE)
+    self._fail(failures.missed(self.client_id, self.num_clients, beat, waited, detail,
+                               present, self._since_last_beat(), self.departed))
 
   # -- failure ------------------------------------------------------------------
 
-  def _fail(self, reason: Reason, ids: list[int], *,
-            exit_code: int = PEER_FAILURE_EXIT_CODE,
-            public: Reason | None = None, told: bool = False,
-            culprit_wait: float = 0.0) -> None:
-    """Records a failure (`reason`, worded by `wording`) and applies the
-    policy.
+  def _fail(self, failure: Failure) -> None:
+    """Records `failure` (`jdtensor.heartbeat.failures` says what it is) and
+    applies the policy.
 
     A failure that names other clients is told to every client (and to the
-    launcher); one that names this client is told as `public`, if given
-    (the others would read "this client" as themselves). One every client
-    was `told` already (another client's report, a departure) is not told
-    again: at N clients that would be N reports, each relayed to N clients.
-    `culprit_wait`: seconds to wait for the culprits' processes to end
-    before leaving, where no jdtensor launcher names the root cause (only
-    for culprits that end by themselves: gone, leaving, a staller).
+    launcher), unless every client was told already (`Failure.told`); one
+    that names this client is told as `Failure.public`, if given.
     """
     with self._fail_lock:
       if self.failure is not None or self.exiting is Exiting.FAILED:
         return
-      own = exit_code != PEER_FAILURE_EXIT_CODE
+      reason, exit_code = failure.reason, failure.exit_code
       message = (f"{reason.heartbeat_line()}; "
                  f"{wording.consequence(self.exiting is Exiting.FINISHED, self.policy)}")
-      error = PeerFailureError(message, tuple(ids))
+      error = PeerFailureError(message, failure.culprits)
       self.failure = error
-      self.culprit_wait = culprit_wait  # For a way out on another thread.
+      self.culprit_wait = failure.culprit_wait  # For a way out on another thread.
       # Decided with the failure, once: under "terminate" this thread says it
       # and ends the process, even if the main thread starts leaving (on
       # the collective error this failure causes) while it reports.
@@ -539,13 +439,13 @@ class Heartbeat:
     # to end by itself rather than stopping it.
     leaving = self.terminating
     if culprits:
-      if not told:
+      if not failure.told:
         self._peers.report(culprits, reason)
       self._process.tell_launcher(culprits, reason, leaving)
-    elif own:
-      self._process.tell_launcher([self.client_id], public or reason, leaving)
-      if public is not None:
-        self._peers.report([self.client_id], public)
+    elif failure.own:
+      self._process.tell_launcher([self.client_id], failure.public or reason, leaving)
+      if failure.public is not None:
+        self._peers.report([self.client_id], failure.public)
     if self.terminating:
       # One plain line, certain to be seen, then exit without JAX's shutdown
       # barrier (it would wait for the failed client).
@@ -553,10 +453,10 @@ class Heartbeat:
       sys.stderr.flush()
       self._show_stacks()
       self.said.set()
-      if culprits and exit_code == PEER_FAILURE_EXIT_CODE:
+      if culprits and not failure.own:
         # Under an engine (mpirun, srun), the first process to fail is the
         # one it names: the culprits' exits first, bounded.
-        grace = min(culprit_wait, self._process.culprit_grace())
+        grace = min(failure.culprit_wait, self._process.culprit_grace())
         if grace > 0:
           self._peers.wait_ended(culprits, grace)
       if self.client_id == 0:  # Hosts the services: leave last.
@@ -595,9 +495,7 @@ class Heartbeat:
 
   def _own_failure(self, error: BaseException) -> None:
     """An exception in the heartbeat's own code: this client's failure."""
-    trace = "".join(traceback.format_exception(error)).rstrip()
-    own, public = wording.own_code_failed(self.client_id, error, trace)
-    self._fail(own, [self.client_id], exit_code=OWN_FAILURE_EXIT_CODE, public=public)
+    self._fail(failures.own_code_failed(self.client_id, error))
 
   # -- events from the liveness links -------------------------------------------
 
@@ -605,23 +503,15 @@ class Heartbeat:
     """A liveness link saw `client`'s process end (no beat can succeed now)."""
     if self.stopped.is_set() and self.failure is None:
       return  # We already stopped by agreement; a late exit is not a failure.
-    if self._exchange is None:  # Links only: there are no beats to speak of.
-      self._fail(wording.gone(client, how), [client])
-      return
-    age = self._clock() - self._last_beat
-    self._fail(wording.missed_beat(client, self._exchanged + 1, age, how), [client],
-               culprit_wait=CULPRIT_EXIT_GRACE)
+    beat = None if self._exchange is None else self._exchanged + 1  # None: no beats.
+    self._fail(failures.peer_died(client, how, beat, self._since_last_beat()))
 
   def peer_reported(self, clients: list[int], reason: Reason) -> None:
     """Another client (`reason.reporter`) found `clients` failed (relayed by
     the liveness links)."""
     if self.stopped.is_set() and self.failure is None:
       return
-    # Named ourselves (e.g. we were frozen, or stalled): we are the root cause.
-    self._fail(reason, clients,
-               exit_code=(OWN_FAILURE_EXIT_CODE if self.client_id in clients
-                          else PEER_FAILURE_EXIT_CODE), told=True,
-               culprit_wait=REPORTED_CULPRIT_WAIT)
+    self._fail(failures.peer_reported(self.client_id, clients, reason))
 
   def peer_left(self, client: int, code: int, why: str, failure: bool,
                 raised: bool = False) -> None:
@@ -629,10 +519,9 @@ class Heartbeat:
     exception; else a non-zero exit code), or finished."""
     self.leaving.add(client)
     if not failure:
-      self.departed[client] = self._clock()
+      self.departed[client] = self._process.clock()
       return
-    self._fail(wording.left(client, why, raised, still_running=self.exiting is None),
-               [client], told=True, culprit_wait=CULPRIT_EXIT_GRACE)  # On its way out.
+    self._fail(failures.peer_left(client, why, raised, still_running=self.exiting is None))
 
   def peer_notice(self, client: int, text: str) -> None:
     """Logs what another client said that is not a verdict."""
@@ -687,5 +576,5 @@ class Heartbeat:
     logging.info("Stopping the heartbeat thread")
     self.event.set()
     if timeout is None:
-      timeout = self.period + self.stuck_timeout + self._close_timeout
+      timeout = self.period + self.stuck_timeout + self._store.close_timeout
     return self.stopped.wait(timeout)

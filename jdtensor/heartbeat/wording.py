@@ -16,7 +16,7 @@ from jdtensor._report import Reason
 from jdtensor.heartbeat.verdicts import STALL_SAFETY_FACTOR
 
 __all__ = ["names", "early_exit", "stalled", "every_client_waiting", "wrong_sum",
-           "out_of_sync_here", "out_of_sync", "late_for_collective", "frozen",
+           "out_of_sync_here", "out_of_sync", "late_for_collective", "frozen", "paused",
            "own_code_failed", "gone", "missed_beat", "beat_not_completed",
            "first_tokens_differ", "tokens_unequal", "left", "straggler",
            "consequence"]
@@ -106,6 +106,13 @@ def frozen(me: int, seconds: float, stuck_timeout: float) -> tuple[Reason, Reaso
           f"by C code), longer than the stuck time-out ({stuck_timeout:g} s)")
   return (Reason(f"this client ({me}) {what}; the others count it as stuck"),
           Reason(f"client {me} {what}", (me,)))
+
+
+def paused(me: int, seconds: float, stuck_timeout: float) -> str:
+  """The warning (never a verdict) that this client did not run for a while,
+  within the stuck time-out."""
+  return (f"heartbeat: this client ({me}) did not run for {seconds:.1f} s (within "
+          f"the stuck time-out, {stuck_timeout:g} s)")
 
 
 def own_code_failed(me: int, error: BaseException, trace: str) -> tuple[Reason, Reason]:

@@ -16,6 +16,7 @@ import pytest
 from jdtensor import _env, heartbeat
 from jdtensor._report import Reason
 from jdtensor.heartbeat import protocol, verdicts
+from jdtensor.heartbeat.failures import Failure
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE
@@ -488,11 +489,11 @@ def test_an_exception_in_the_heartbeats_own_code_is_this_clients_failure():
   hbs[1]._peers.report = lambda clients, reason: announced.append(
       (clients, reason.heartbeat_line()))
 
-  def broken_row(*args, real=hbs[1]._joined):
+  def broken_row(*args, real=hbs[1]._joined.answer):
     if hbs[1].beats == 3:
       raise TypeError("a bug in the record code")
     return real(*args)
-  hbs[1]._joined = broken_row
+  hbs[1]._joined.answer = broken_row
   hbs[1].start_threads()
   hbs[0]._process = Hooks()  # Client 0 waits; only 1 is checked.
   hbs[0].start_threads()
@@ -509,22 +510,6 @@ def test_an_exception_in_the_heartbeats_own_code_is_this_clients_failure():
   assert announced == [([1], "heartbeat: client 1's heartbeat failed in its own "
                         "code: TypeError: a bug in the record code")]
   hbs[0].event.set()
-
-
-def test_a_wrong_sum_is_not_reported_as_a_contradiction():
-  """Seen with an earlier exchange: 'it sent token 12927, the cluster's is
-  12927'. A slot only its owner writes that comes back wrong means the
-  exchange itself is broken, and the message says so."""
-  hb = beat(1, "log", 2, 3)
-  hb.token = hb.decider.token = 12927
-  hb.beats = 5
-  outcome = hb.decider.decide(np.concatenate([[12927, 12927, 4242], np.zeros(10, int)]))
-  hb._out_of_sync(outcome.verdict)
-  assert str(hb.failure) == (
-      "heartbeat: beat 5 returned a wrong sum: this client (2) sent token 12927 "
-      "but its slot holds 4242 (the cluster's token: 12927); carrying on "
-      "(policy 'log')")
-  assert hb.failure.client_ids == (2,)
 
 
 def test_links_only_heartbeat_stops_and_names_a_dead_client():
@@ -564,12 +549,12 @@ def test_client_0_waits_for_a_leaving_culprit_but_not_for_a_silent_one():
   peers = WaitingPeers()
   hb = beat(1, "terminate", 0, 3, peers=peers, process=Hooks())
   hb.peer_left(1, 0, "exited (code 0)", False)  # Ended its script early...
-  hb._fail(Reason("client 1 exited (code 0) while the others were still running", (1,)),
-           [1])  # ... and is named for it: wait for it too.
+  hb._fail(Failure(Reason("client 1 exited (code 0) while the others were still "
+                          "running", (1,)), (1,)))  # ... and is named for it: wait for it too.
   assert peers.ignored == [[]]
   peers = WaitingPeers()
   hb = beat(1, "terminate", 0, 3, peers=peers, process=Hooks())
-  hb._fail(Reason("client 2 stalled", (2,)), [2])
+  hb._fail(Failure(Reason("client 2 stalled", (2,)), (2,)))
   assert peers.ignored == [[2]]
 
 

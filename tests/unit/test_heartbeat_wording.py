@@ -97,3 +97,8 @@ def test_what_a_client_does_about_a_failure(finished, policy, said):
 def test_a_straggler_is_a_warning_line():
   assert wording.straggler(3, 90.4, 2.0) == (
       "heartbeat: client 3 is a straggler: the others waited for it 90% of the last 2 s")
+
+
+def test_a_pause_within_the_stuck_time_out_is_a_warning_line():
+  assert wording.paused(1, 2.04, 3.0) == (
+      "heartbeat: this client (1) did not run for 2.0 s (within the stuck time-out, 3 s)")
