@@ -104,6 +104,23 @@ def test_private_jax_api_lives_in_one_module(module):
   assert not top_from, module
 
 
+# The heartbeat's decisions, what they mean for a client and their words:
+# functions of their arguments, pinned as tables without threads.
+HEARTBEAT_PURE = ["heartbeat/verdicts.py", "heartbeat/stragglers.py",
+                  "heartbeat/failures.py", "heartbeat/wording.py"]
+# What would make them more than that: threads, time, the process, I/O.
+IMPURE = {"threading", "time", "os", "sys", "socket", "selectors", "subprocess",
+          "signal", "logging", "jdtensor._logging", "jdtensor.heartbeat.protocol",
+          "jdtensor.heartbeat.exchange", "jdtensor.runtime"}
+
+
+@pytest.mark.parametrize("module", HEARTBEAT_PURE)
+def test_the_heartbeats_decisions_are_pure(module):
+  imports = set(_all_imports(ast.parse((PACKAGE / module).read_text())))
+  assert not imports & IMPURE, (module, sorted(imports & IMPURE))
+  assert not [i for i in imports if i.startswith(("jax", "jdtensor.runtime."))], module
+
+
 @pytest.mark.subprocess
 def test_config_and_data_model_never_start_a_backend():
   result = run_python("""

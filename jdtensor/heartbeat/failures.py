@@ -10,7 +10,7 @@ to the result; the sentences come from `jdtensor.heartbeat.wording`. So who
 is blamed for what is pinned as a table (tests/unit/test_heartbeat_failures.py),
 without threads.
 
-PURE: standard library and the floor only.
+PURE: no threads, no I/O, no JAX (the floor, `verdicts` and `wording` only).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ with). `protocol.Heartbeat` decides when a verdict is reached and what
 follows; these say it, so that every message is pinned as a table
 (tests/unit/test_heartbeat_wording.py) and none is ever parsed back.
 
-PURE: standard library and the floor only.
+PURE: no threads, no I/O, no JAX (the floor and `verdicts` only).
 """
 
 from __future__ import annotations
