@@ -10,9 +10,10 @@ open-source build).
 The package: this module is the entry point (DTensor's ``start``, and how a
 client leaves, below) and wires the parts together; `protocol` is the
 protocol itself (the beat thread, the verdicts said, the policies:
-`protocol.Heartbeat`, given the four small objects of `interfaces`);
-`verdicts` decides what a merged beat means, `failures` what a verdict or
-a peer's news means for this client, and `wording` says it;
+`protocol.Heartbeat`, given the three small objects of `interfaces` and
+`flight`'s recorder); `verdicts` decides what a merged beat means,
+`failures` what a verdict or a peer's news means for this client, and
+`wording` says it;
 `watchdog` times the beats; `exchange` is the production
 exchange on the liveness links; `flight` records what the main thread is
 doing; `departure` reads how the process is leaving.

@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 __all__ = ["RUNNING", "IN_JAX", "WAITING", "AT_EXIT", "MAIN_IDLE_SHARE",
-           "MainThreadRecorder", "spans_every_process", "calls_into_jax",
+           "Recorder", "MainThreadRecorder", "spans_every_process", "calls_into_jax",
            "inside_jax",
            "stack_top", "program_stack_top", "format_stacks"]
 
@@ -400,7 +400,32 @@ def _main_thread_cpu() -> Callable[[], float] | None:
   return lambda: time.clock_gettime(clock)
 
 
-class MainThreadRecorder:
+class Recorder:
+  """What this client's main thread is doing, as the heartbeat asks it (the
+  production one is `MainThreadRecorder`); by default, running its own
+  code, or at exit once `at_exit` is set.
+
+  Attributes:
+    at_exit: Set once the script has ended normally.
+  """
+  at_exit = False
+
+  def sample(self, busy: float = 0.0, idle_percent: float = 0.0) -> tuple[int, float]:
+    """(phase, seconds in it) at this beat; `busy`: the process's percent of
+    a core since the last beat, under `idle_percent` a wait counts as idle."""
+    return (AT_EXIT if self.at_exit else RUNNING), 0.0
+
+  def where(self) -> str:
+    """The main thread's innermost frames, for people."""
+    return "(not recorded)"
+
+  def where_in_program(self) -> str | None:
+    """The main thread's innermost frames of the user's program (not
+    jdtensor's exit handling); None once only jdtensor's frames are left."""
+    return None if self.at_exit else "(not recorded)"
+
+
+class MainThreadRecorder(Recorder):
   """Samples the main thread's phase; tracks since when it has been in it.
 
   Args:

@@ -1,11 +1,11 @@
-"""What the heartbeat protocol is given: the exchange, the peers, the process
-and the main thread's recorder.
+"""What the heartbeat protocol is given: the exchange, the peers and the
+process (the fourth, the main thread's recorder, is
+`jdtensor.heartbeat.flight.Recorder`).
 
 Small classes with working defaults: production subclasses them
 (`jdtensor.heartbeat.exchange.LinkExchange`, and the client's process in
 `jdtensor.heartbeat`; the liveness links, `jdtensor.runtime.links.Links`, have
-the `Peers` methods, `jdtensor.heartbeat.flight.MainThreadRecorder` the
-`Recorder` ones), and a test fake is a few lines.
+the `Peers` methods), and a test fake is a few lines.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import numpy as np
 
 from jdtensor._report import Reason
 from jdtensor.errors import PeerFailureError
-from jdtensor.heartbeat.flight import AT_EXIT, RUNNING
 from jdtensor.heartbeat.verdicts import Decider, Outcome, Row
 
-__all__ = ["Exchange", "Peers", "ProcessHooks", "Recorder"]
+__all__ = ["Exchange", "Peers", "ProcessHooks"]
 
 
 class Exchange:
@@ -161,27 +160,3 @@ class ProcessHooks:
     """Monotonic seconds."""
     return time.monotonic()
 
-
-class Recorder:
-  """What this client's main thread is doing (the production one is
-  `jdtensor.heartbeat.flight.MainThreadRecorder`); by default, running its
-  own code, or at exit once `at_exit` is set.
-
-  Attributes:
-    at_exit: Set once the script has ended normally.
-  """
-  at_exit = False
-
-  def sample(self, busy: float = 0.0, idle_percent: float = 0.0) -> tuple[int, float]:
-    """(phase, seconds in it) at this beat; `busy`: the process's percent of
-    a core since the last beat, under `idle_percent` a wait counts as idle."""
-    return (AT_EXIT if self.at_exit else RUNNING), 0.0
-
-  def where(self) -> str:
-    """The main thread's innermost frames, for people."""
-    return "(not recorded)"
-
-  def where_in_program(self) -> str | None:
-    """The main thread's innermost frames of the user's program (not
-    jdtensor's exit handling); None once only jdtensor's frames are left."""
-    return None if self.at_exit else "(not recorded)"

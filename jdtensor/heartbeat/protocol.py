@@ -1,11 +1,12 @@
 """The heartbeat protocol: the beat thread, the verdicts said and the policies.
 
 No JAX and no sockets here: the exchange (the beat and its store), the
-peers (the liveness links), the process's hooks and the main-thread
-recorder are small objects given to `Heartbeat`
-(`jdtensor.heartbeat.interfaces`), so tests run several clients as threads
-with fakes of a few lines. `jdtensor.heartbeat` wires it to the liveness
-links (which carry the exchange too) and the process.
+peers (the liveness links), the process's hooks
+(`jdtensor.heartbeat.interfaces`) and the main-thread recorder
+(`jdtensor.heartbeat.flight.Recorder`) are small objects given to
+`Heartbeat`, so tests run several clients as threads with fakes of a few
+lines. `jdtensor.heartbeat` wires it to the liveness links (which carry the
+exchange too) and the process.
 
 In one beat each client sends a row (`jdtensor.heartbeat.verdicts.Row`):
 DTensor's token, a stop request, and what its main thread is doing
@@ -32,9 +33,9 @@ from jdtensor import _logging as logging
 from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
 from jdtensor.heartbeat import failures, wording
 from jdtensor.heartbeat.failures import Failure
-from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks, Recorder
+from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.meetings import JoinedQuestion
-from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, format_stacks
+from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, Recorder, format_stacks
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.watchdog import Watchdog
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
