@@ -3,8 +3,8 @@
     python benchmarks/bench_instructions.py [--repeats N] [--shapes 2x1,4x1]
 
 CPU seconds on this shared 2-core machine spread about ±5% between rounds
-(`import jax` alone moves 30-80 ms a client), so no timed run can show 1.05x
-(issue #23). Instructions retired move far less: each client runs under
+(`import jax` alone moves 30-80 ms a client), so no timed run can tell 1.05x
+from 1.00x. Instructions retired move far less: each client runs under
 valgrind's callgrind (``valgrind`` from Debian's packages; about 60 times
 slower), and its whole process's count, every thread from start to exit, is
 read from callgrind's summary.

@@ -52,18 +52,18 @@ SECTIONS = {  # key -> (title, intro)
                     "`python benchmarks/bench_startup_cpu.py`: where a client's "
                     "start-up CPU goes (imports, init, mesh + first psum, exit), "
                     "jdtensor with and without its heartbeat against raw JAX, "
-                    "clients started by hand (issue #23, step 1)."),
+                    "clients started by hand."),
     "instructions": ("Start-up in instructions",
                      "`python benchmarks/bench_instructions.py`: each client's "
                      "instructions under valgrind's callgrind, raw JAX vs jdtensor "
                      "(heartbeat on and off), every module's bytecode from one "
-                     "cache: a CPU figure far steadier than CPU seconds (issue "
-                     "#23's 1.05x); run it on an otherwise idle machine."),
+                     "cache: a CPU figure far steadier than CPU seconds (the "
+                     "1.05x target); run it on an otherwise idle machine."),
     "scaling": ("Start-up scaling, 2 to 32 clients",
                 "`python benchmarks/bench_scaling.py`: cold start (raw JAX, "
                 "jdtensor as installed and from source, `jdtensor launch`, TF "
                 "DTensor where installed) and dead-client detection at 2, 4, 8, 16 "
-                "and 32 clients x 1 CPU device. Targets (issue #23): jdtensor's CPU "
+                "and 32 clients x 1 CPU device. Targets: jdtensor's CPU "
                 "per client within 1.05x raw JAX's, and its wall at or below raw "
                 "JAX's, at every count, heartbeat on."),
     "ring": ("TPU ring orders and mesh strings at scale",
@@ -88,7 +88,7 @@ SECTIONS = {  # key -> (title, intro)
     "verdicts": ("Heartbeat verdicts in the shapes users run",
                  "`python benchmarks/bench_verdicts.py`: 4 clients, period 0.5 s, "
                  "1 and 2 devices per client, results kept or read as temporaries "
-                 "(issue #19's rows); seconds from the misbehaviour to the end."),
+                 "(the waiting rows); seconds from the misbehaviour to the end."),
     "hang": ("Hang triage: the learnt stall time-out",
              "`python benchmarks/bench_hang_triage.py --baseline`: the heartbeat's "
              "defaults (period 2 s, floor 30 s, JDTENSOR_STALL_TIMEOUT 300 s), "

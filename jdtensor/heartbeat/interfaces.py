@@ -159,4 +159,3 @@ class ProcessHooks:
   def clock(self) -> float:
     """Monotonic seconds."""
     return time.monotonic()
-

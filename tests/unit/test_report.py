@@ -4,7 +4,8 @@ no process (jdtensor._report)."""
 import pytest
 
 from jdtensor._ids import ids_text
-from jdtensor._report import ClientEnd, Reason, Report, root_cause, summary
+from jdtensor._report import (ClientEnd, Reason, Report, VerdictStack, finished_clients,
+                              mark_finished, root_cause, stack_lines, summary)
 
 ZDE = "ZeroDivisionError: division by zero (train.py:42 in step)"
 
@@ -139,7 +140,6 @@ def test_the_line_for_people_is_made_from_the_fields():
 
 
 def test_finished_clients_are_recorded_by_marker(tmp_path):
-  from jdtensor._report import finished_clients, mark_finished
   mark_finished(str(tmp_path), 3)
   mark_finished(str(tmp_path), 0)
   (tmp_path / "client-x.finished").write_text("")
@@ -168,7 +168,6 @@ def test_a_summary_of_300_clients_stays_a_line_and_a_cut_grace_says_why():
 
 
 def test_the_stacks_under_a_verdict_one_line_per_place(tmp_path):
-  from jdtensor._report import VerdictStack, stack_lines
   waiting = "train.py:44 main"
   for c in (0, 2, 3, 4, 6):
     VerdictStack(c, "collective", waiting, "Thread 'MainThread' ...").write(str(tmp_path))
@@ -188,7 +187,6 @@ def test_the_stacks_under_a_verdict_one_line_per_place(tmp_path):
 
 
 def test_who_answered_is_read_from_the_names_alone(tmp_path):
-  from jdtensor._report import VerdictStack, finished_clients, mark_finished
   VerdictStack(3, "collective", "train.py:44 main").write(str(tmp_path))
   (tmp_path / "client-5.stack").write_text("{half written")  # Its name counts.
   (tmp_path / "client-x.stack").write_text("{}")
