@@ -29,7 +29,18 @@ _R = TypeVar("_R")
 
 __all__ = ["Reason", "Report", "ClientEnd", "RootCause", "root_cause", "summary",
            "describe_exit", "mark_finished", "finished_clients", "VerdictStack",
-           "stack_lines"]
+           "stack_lines", "rate_text"]
+
+
+def rate_text(moved: float) -> str:
+  """Bytes a second for people: ``0 B/s``, ``64.0 KiB/s``, ``3.5 MiB/s``."""
+  if moved != moved:  # NaN: not known.
+    return "-"
+  if moved < 1024:
+    return f"{int(moved)} B/s"
+  if moved < 2**20:
+    return f"{moved / 1024:.1f} KiB/s"
+  return f"{moved / 2**20:.1f} MiB/s"
 
 
 class Reason(NamedTuple):

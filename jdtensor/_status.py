@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jdtensor import _env
+from jdtensor._report import rate_text
 
 __all__ = ["REQUEST_SECONDS", "runs_dir", "register_run", "unregister_run",
            "running_runs", "request_status", "status_requested", "write_status",
@@ -273,22 +274,31 @@ def _own_view(statuses: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | Non
   a view of the clients here, from each one's own state; the waiting shares
   are kept by client 0 alone."""
   own = {c: s["own"] for c, s in statuses.items()
-         if isinstance(s.get("own"), list) and len(s["own"]) == 3}
+         if isinstance(s.get("own"), list) and len(s["own"]) in (3, 4)}
   if not own:
     return None
   n = max(own) + 1
-  unknown = [float("nan")] * n
+  unknown = nan_row(n)
   phases = [own[c][0] if c in own else -1 for c in range(n)]
   return {"phases": phases, "seconds": [own.get(c, [0, 0, 0])[1] for c in range(n)],
           "busy": [own[c][2] if c in own else float("nan") for c in range(n)],
+          "moved": [own[c][3] if c in own and len(own[c]) > 3 else float("nan")
+                    for c in range(n)],
           "waiting": unknown, "waited_for": unknown, "only": sorted(own),
           **{k: v for k, v in next(iter(statuses.values())).items()
              if k in ("window", "threshold")}}
 
 
+def nan_row(n: int) -> list[float]:
+  """n unknown values."""
+  return [float("nan")] * n
+
+
 def stall_line(view: Mapping[str, Any]) -> str:
-  """How long a stall must last now: the learnt time-out and what it was
-  learnt from, or the set one ('' where the view does not say)."""
+  """How long a stall must last now and which rule set it: learnt (and
+  from what), the ceiling because the run has not shown its rhythm yet or
+  the pause in progress began before it, or the set time-out ('' where the
+  view does not say)."""
   timeout = view.get("stall_timeout")
   if timeout is None:
     return ""
@@ -296,7 +306,14 @@ def stall_line(view: Mapping[str, Any]) -> str:
     return "Stall time-out: off (JDTENSOR_STALL_TIMEOUT=0)."
   ceiling = view.get("stall_ceiling", timeout)
   if not view.get("stall_learnt"):
-    return f"Stall time-out: {timeout:g} s (JDTENSOR_STALL_TIMEOUT; not learnt)."
+    if not view.get("stall_learn"):
+      return f"Stall time-out: {timeout:g} s (JDTENSOR_STALL_TIMEOUT; not learnt)."
+    if not view.get("stall_rhythm"):
+      return (f"Stall time-out: {timeout:g} s (JDTENSOR_STALL_TIMEOUT: the run has not "
+              f"shown its rhythm yet, {view.get('stall_steps', 0)} of "
+              f"{view.get('stall_rhythm_steps', 0)} steps).")
+    return (f"Stall time-out: {timeout:g} s (JDTENSOR_STALL_TIMEOUT: the pause in "
+            "progress began before the run showed its rhythm).")
   longest = view.get("stall_longest")
   seen = ("no idle pause seen" if longest is None
           else f"longest idle pause {longest:g} s")
@@ -320,8 +337,8 @@ def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, An
                    "every client started it?)")
   n = len(view["phases"])
   window = view.get("window", 0)
-  rows = [("client", "phase", "for", "where (main thread)", "CPU %", "RSS", "beats",
-           "restarts", "waiting", "waited for")]
+  rows = [("client", "phase", "for", "where (main thread)", "CPU %", "I/O", "RSS",
+           "beats", "restarts", "waiting", "waited for")]
   for c in view.get("only", range(n)):
     own = statuses.get(c, {})
     phase = PHASE_NAMES.get(int(view["phases"][c]), "?")
@@ -329,12 +346,13 @@ def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, An
     rows.append((
         str(c), phase, _duration(view["seconds"][c]),
         own.get("where", "(on another node)" if not own else "?"),
-        f"{view['busy'][c]:.0f}", f"{rss:.0f} MiB" if rss is not None else "-",
+        f"{view['busy'][c]:.0f}", rate_text(view.get("moved", nan_row(n))[c]),
+        f"{rss:.0f} MiB" if rss is not None else "-",
         str(own.get("beats", view.get("beats", "-"))),
         str(own.get("restarts", run.get("restarts", 0))),
         _percent(view["waiting"][c]), _percent(view["waited_for"][c])))
   widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-  right = {0, 4, 5, 6, 7, 8, 9}
+  right = {0, 4, 5, 6, 7, 8, 9, 10}
   lines = [head, ""]
   for r in rows:
     lines.append("  ".join(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])

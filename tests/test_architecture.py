@@ -193,6 +193,7 @@ LAYERS = [
     ("runtime users", ["runtime.interop"]),
     ("heartbeat leaves", ["heartbeat.departure", "heartbeat.flight", "heartbeat.interfaces",
                           "heartbeat.wording", "heartbeat.watchdog", "heartbeat.meetings",
+                          "heartbeat.progress",
                           "heartbeat.stragglers", "heartbeat.verdicts", "heartbeat.failures",
                           "heartbeat.protocol",
                           "heartbeat.exchange"]),

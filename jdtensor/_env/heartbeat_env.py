@@ -47,11 +47,12 @@ class HeartbeatSettings(NamedTuple):
       `stall_learn`, the ceiling of the learnt time-out.
     stall_learn: Learn the stall time-out from the run
       (``JDTENSOR_STALL_LEARN``, default true;
-      `jdtensor.heartbeat.verdicts.StallTimeout`): after a warm-up, the
-      longest idle pause of a client's own code that the others waited for,
-      times `STALL_SAFETY_FACTOR`, between `stall_floor` and `stall_timeout`.
+      `jdtensor.heartbeat.verdicts.StallTimeout`): for a pause that began
+      once the run showed its rhythm, the longest idle pause of a client's
+      own code that the others waited for, times `STALL_SAFETY_FACTOR`,
+      between `stall_floor` and `stall_timeout`.
     stall_floor: The learnt time-out's floor (``JDTENSOR_STALL_FLOOR``,
-      default 30, at most `stall_timeout`; one not set is lowered to it): a
+      default 60, at most `stall_timeout`; one not set is lowered to it): a
       rare idle pause shorter than this (a slow data load, a file system
       hiccup) is never a stall, however steady the run was before.
     stall_kill_all_waiting: When every client has waited in a collective for
@@ -71,7 +72,7 @@ class HeartbeatSettings(NamedTuple):
   stall_timeout: float = 300.0
   stall_kill_all_waiting: bool = False
   stall_learn: bool = True
-  stall_floor: float = 30.0
+  stall_floor: float = 60.0
   straggler_threshold: float = 30.0
   straggler_window: float = 60.0
 

@@ -92,6 +92,7 @@ from jdtensor.heartbeat.departure import (Departure, ExitGuard, SystemExitWatch,
 from jdtensor.heartbeat.exchange import LinkExchange, ack_every_for
 from jdtensor.heartbeat.flight import MainThreadRecorder, format_stacks
 from jdtensor.heartbeat.meetings import ServiceWaitWatch
+from jdtensor.heartbeat.progress import ByteMeter
 from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.failures import CULPRIT_EXIT_GRACE
 from jdtensor.heartbeat.protocol import HOST_EXIT_WAIT, POLICIES, ROLL_CALL_GRACE, Heartbeat
@@ -158,9 +159,13 @@ class _ClientProcess(ProcessHooks):
   """This client's process: the real exit, the launcher's report, and the
   failure kept for the next jdtensor call (policy raise)."""
 
-  def __init__(self, client_id: int):
+  def __init__(self, client_id: int, meter: ByteMeter | None = None):
     self.client_id = client_id
     self.report_dir = _env.read_report_dir()  # Under `jdtensor launch` only.
+    self._meter = meter
+
+  def bytes_moved(self, sockets: bool) -> int | None:
+    return None if self._meter is None else self._meter.total(sockets)
 
   def tell_launcher(self, clients: list[int], reason: Reason, leaving: bool) -> None:
     _tell_launcher(Report(self.client_id, tuple(clients), reason.heartbeat_line(),
@@ -292,8 +297,11 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
   exchange = LinkExchange(env.client_id, env.num_clients, state.links,
                           ack_every=ack_every_for(settings.period, settings.stuck_timeout),
                           meetings=meetings)
+  coordinator = env.coordinator_address or ""
+  port = coordinator.rpartition(":")[2]
+  meter = ByteMeter(state.links.descriptors, [int(port)] if port.isdecimal() else [])
   heartbeat = Heartbeat(settings, env.client_id, env.num_clients, exchange=exchange,
-                        peers=state.links, process=_ClientProcess(env.client_id),
+                        peers=state.links, process=_ClientProcess(env.client_id, meter),
                         recorder=MainThreadRecorder(env.num_clients, _live_arrays))
   # The first exchange runs on the heartbeat thread, off the caller's
   # critical path.

@@ -3,7 +3,7 @@
 A beat runs no XLA program, so the user's JAX sees exactly what raw
 ``jax.distributed`` shows. `LinkExchange` runs the beats over the liveness
 links (`jdtensor.runtime.links.Links`, the start-up's connections, already
-open): every client sends its row to client 0 (a binary frame of 21 bytes),
+open): every client sends its row to client 0 (a binary frame of 25 bytes),
 client 0 decides the beat once (`jdtensor.heartbeat.verdicts.Decider`) and
 sends every client the outcome: at once when it has news (a verdict, a
 straggler, the agreed end), and otherwise only every `ack_every`-th beat
@@ -29,8 +29,9 @@ from jdtensor.heartbeat.verdicts import (PLAIN_OUTCOME, Decider, Outcome, Row,
 
 __all__ = ["LinkExchange", "bounded", "ROW_FRAME", "ack_every_for"]
 
-# A row on the wire: kind, beat, token, stop, phase slot, seconds, busy.
-ROW_FRAME = struct.Struct("<BIiBBii")
+# A row on the wire: kind, beat, token, stop, phase slot, seconds, busy,
+# bytes moved a second.
+ROW_FRAME = struct.Struct("<BIiBBiiI")
 _ROW = ord("R")
 _PHASE = 7  # The phase slot's phase bits (`jdtensor.heartbeat.verdicts`).
 
@@ -58,7 +59,7 @@ class _Gather:
   """Client 0: the rows of one beat, as they come in."""
 
   __slots__ = ("have", "count", "tokens", "stop", "phases", "seconds", "busy",
-               "asked")
+               "moved", "asked")
 
   def __init__(self, n: int):
     self.have = bytearray(n)
@@ -66,7 +67,7 @@ class _Gather:
     self.stop = 0
     self.asked = False  # Some client waits for this beat's outcome.
     self.tokens, self.phases = [0] * n, [0] * n
-    self.seconds, self.busy = [0] * n, [0] * n
+    self.seconds, self.busy, self.moved = [0] * n, [0] * n, [0] * n
 
   def merged(self, first: bool) -> np.ndarray:
     """The beat's merged vector (`jdtensor.heartbeat.verdicts.BeatLayout`)."""
@@ -76,7 +77,8 @@ class _Gather:
     return np.concatenate([tokens, np.asarray([self.stop], np.int32),
                            np.asarray(self.phases, np.int32),
                            np.asarray(self.seconds, np.int32),
-                           np.asarray(self.busy, np.int32)])
+                           np.asarray(self.busy, np.int32),
+                           np.asarray(self.moved, np.int32)])
 
 
 def joined_user_collective() -> bool:
@@ -166,10 +168,12 @@ class LinkExchange(Exchange):
     self._beat += 1
     seconds, busy = row.clamped
     if self.client_id == 0:
-      self._add(beat, 0, row.token, int(row.stop), row.phase_code, seconds, busy)
+      self._add(beat, 0, row.token, int(row.stop), row.phase_code, seconds, busy,
+                row.moved_slot)
     else:
       self._links.send(ROW_FRAME.pack(_ROW, beat, row.token, int(row.stop),
-                                      row.phase_code, seconds, busy), to=0)
+                                      row.phase_code, seconds, busy, row.moved_slot),
+                       to=0)
     wait = self.client_id == 0 or _asks(beat, self.ack_every, int(row.stop),
                                         row.phase_code)
     with self._cond:
@@ -193,7 +197,7 @@ class LinkExchange(Exchange):
       return taken
 
   def _add(self, beat: int, client: int, token: int, stop: int, phase: int,
-           seconds: int, busy: int) -> None:
+           seconds: int, busy: int, moved: int) -> None:
     """Client 0: one client's row; the outcome goes out once every row is in."""
     with self._gather_lock:
       if beat <= self._done:
@@ -207,6 +211,7 @@ class LinkExchange(Exchange):
       gather.count += 1
       gather.tokens[client], gather.phases[client] = token, phase
       gather.seconds[client], gather.busy[client] = seconds, busy
+      gather.moved[client] = min(moved, 2**31 - 1)
       gather.stop += stop
       if _asks(beat, self.ack_every, stop, phase):
         gather.asked = True
@@ -231,8 +236,8 @@ class LinkExchange(Exchange):
     try:
       if isinstance(message, bytes):
         if message[:1] == b"R" and self.client_id == 0:
-          _, beat, token, stop, phase, seconds, busy = ROW_FRAME.unpack(message)
-          self._add(beat, client, token, min(stop, 1), phase, seconds, busy)
+          _, beat, token, stop, phase, seconds, busy, moved = ROW_FRAME.unpack(message)
+          self._add(beat, client, token, min(stop, 1), phase, seconds, busy, moved)
         elif message[:1] == bytes((PLAIN_OUTCOME,)):
           self._outcome(Outcome.from_wire(message, self.num_clients))
         return

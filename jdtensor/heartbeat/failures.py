@@ -92,7 +92,9 @@ def stalled(verdict: Verdict, me: int, num_clients: int, where: str,
   waiters = [c for c in range(num_clients) if c != staller]
   return Failure(wording.stalled(staller, where, verdict.seconds, waiters,
                                  timeout=verdict.timeout, learnt=verdict.learnt,
-                                 floor=stall.floor, ceiling=stall.ceiling),
+                                 floor=stall.floor, ceiling=stall.ceiling,
+                                 early=verdict.early, busy=verdict.busy,
+                                 moved=verdict.moved),
                  (staller,), _blame(me, (staller,)), told=True,
                  culprit_wait=CULPRIT_EXIT_GRACE)
 

@@ -59,6 +59,11 @@ __all__ = ["RUNNING", "IN_JAX", "WAITING", "AT_EXIT", "MAIN_IDLE_SHARE",
 RUNNING, IN_JAX, WAITING, AT_EXIT = 1, 2, 3, 4
 # The main thread counts as idle (blocked) below this share of one core.
 MAIN_IDLE_SHARE = 0.1
+# The main thread ran over a beat (`Recorder.active`) once its own CPU time
+# moved by this much: a step's Python and dispatch cost far more; a thread
+# blocked in a sleep, a lock, a read or a collective for the whole beat
+# costs nothing.
+ACTIVE_CPU_SECONDS = 0.0002
 # Packages whose code is "inside JAX" (a save in orbax waits like JAX does).
 _JAX_PACKAGES = ("jax", "jaxlib", "orbax.checkpoint")
 _JAX_MODULE_ROOTS = ("jax", "jaxlib", "orbax")
@@ -407,12 +412,17 @@ class Recorder:
 
   Attributes:
     at_exit: Set once the script has ended normally.
+    active: Whether the main thread ran since the last sample (its CPU
+      time moved), rather than blocked for the whole of it.
   """
   at_exit = False
+  active = True
 
-  def sample(self, busy: float = 0.0, idle_percent: float = 0.0) -> tuple[int, float]:
+  def sample(self, busy: float = 0.0, idle_percent: float = 0.0,
+             moving: bool = False) -> tuple[int, float]:
     """(phase, seconds in it) at this beat; `busy`: the process's percent of
-    a core since the last beat, under `idle_percent` a wait counts as idle."""
+    a core since the last beat, under `idle_percent` a wait counts as idle;
+    `moving`: the process moved bytes (not idle either)."""
     return (AT_EXIT if self.at_exit else RUNNING), 0.0
 
   def where(self) -> str:
@@ -466,10 +476,11 @@ class MainThreadRecorder(Recorder):
     cpu = self._main_cpu()
     wall0, cpu0 = self._last
     self._last = (now, cpu)
+    self.active = cpu - cpu0 >= ACTIVE_CPU_SECONDS
     return cpu - cpu0 < MAIN_IDLE_SHARE * max(now - wall0, 1e-3)
 
-  def sample(self, busy: float = 0.0, idle_percent: float = 25.0
-             ) -> tuple[int, float]:
+  def sample(self, busy: float = 0.0, idle_percent: float = 25.0,
+             moving: bool = False) -> tuple[int, float]:
     """(phase, seconds in it) now.
 
     Args:
@@ -477,9 +488,11 @@ class MainThreadRecorder(Recorder):
       idle_percent: Below this the process is idle; a change between idle
         and busy while running restarts the phase's clock (a staller is
         idle for the whole stall time-out).
+      moving: The process read or wrote bytes over the last beat (an
+        upload, a slow read): not idle either.
     """
     now = self._clock()
-    process_idle = busy < idle_percent
+    process_idle = busy < idle_percent and not moving
     main_idle = self._main_idle(now, process_idle)
     frame = self._main_frame()
     inside = None if self.at_exit else self.in_jax(frame)
@@ -497,6 +510,8 @@ class MainThreadRecorder(Recorder):
     else:
       phase = RUNNING
     state = (phase, phase == RUNNING and process_idle)
+    if self._main_cpu is None:  # No clock of its own: a change shows it ran.
+      self.active = state != self._state
     if state != self._state:
       self._state, self.since = state, now
     self.phase = phase

@@ -156,6 +156,12 @@ class ProcessHooks:
     """This process's CPU time (the busy share of each beat)."""
     return time.process_time()
 
+  def bytes_moved(self, sockets: bool) -> int | None:
+    """Bytes this process has read and written (files and pipes; with
+    `sockets`, TCP too), less jdtensor's own traffic
+    (`jdtensor.heartbeat.progress.ByteMeter`); None: not measured."""
+    return None
+
   def clock(self) -> float:
     """Monotonic seconds."""
     return time.monotonic()

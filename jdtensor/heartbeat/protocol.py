@@ -39,7 +39,8 @@ from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, Recorder, format_stacks
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.watchdog import Watchdog
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
-                                         IDLE_PERCENT, OUT_OF_SYNC, STALLED,
+                                         IDLE_PERCENT, MOVING_BYTES_PER_SECOND,
+                                         OUT_OF_SYNC, STALLED,
                                          BeatLayout, Decider, Outcome, Row, StallTimeout,
                                          Verdict)
 from jdtensor._report import Reason
@@ -162,7 +163,8 @@ class Heartbeat:
     self.exiting: Exiting | None = None  # None: the script still runs.
     self.departed: dict[int, float] = {}  # Clients that ended normally.
     self.leaving: set[int] = set()  # Clients that announced they are leaving.
-    self.own_state: tuple[int, int, int] | None = None  # Last row's phase, s, busy.
+    # The last row's phase, seconds, busy percent and bytes moved a second.
+    self.own_state: tuple[int, int, int, int] | None = None
     self._fail_lock = threading.Lock()
     self.watchdog = Watchdog(self._process.clock, self.stuck_timeout, self.stopped,
                              on_overdue=lambda: self._fail_missed(
@@ -274,6 +276,8 @@ class Heartbeat:
     # beat, also where they do not wait for each beat's outcome. A beat that
     # ends late starts the schedule again from its end.
     next_beat = time.monotonic() + self.period
+    moved_before = self._process.bytes_moved(True)
+    busy = moved = 0.0
     while self.failure is None:
       # At exit, beat again at once: the agreed end is the first beat every
       # client sends at exit, and waiting a period here would hold this
@@ -284,13 +288,27 @@ class Heartbeat:
         self._wake.clear()
       next_beat = max(next_beat + self.period, time.monotonic() + self.period / 2)
       stop = self.event.is_set()
-      now, now_cpu = self._process.clock(), self._process.cpu_seconds()
-      busy = 100.0 * (now_cpu - cpu) / max(now - wall, 1e-3)
-      wall, cpu = now, now_cpu
-      phase, seconds = self.recorder.sample(busy, IDLE_PERCENT)
+      now = self._process.clock()
+      if now - wall >= self.period / 2:
+        # Rates over half a period at least: a beat woken early (news) would
+        # read a few bytes of this client's own log line, or a moment's CPU,
+        # as a high rate, and break a staller's idle pause in two.
+        now_cpu = self._process.cpu_seconds()
+        busy = 100.0 * (now_cpu - cpu) / max(now - wall, 1e-3)
+        # TCP is counted only while the main thread runs its own code: the
+        # only time this client can be named a staller.
+        in_own_code = self.own_state is None or self.own_state[0] == RUNNING
+        moved_now = self._process.bytes_moved(in_own_code)
+        moved = (0.0 if moved_now is None or moved_before is None
+                 else max(0, moved_now - moved_before) / max(now - wall, 1e-3))
+        moved_before = moved_now
+        wall, cpu = now, now_cpu
+      phase, seconds = self.recorder.sample(busy, IDLE_PERCENT,
+                                            moving=moved >= MOVING_BYTES_PER_SECOND)
       row = Row(self.client_id, self.token, stop, phase, seconds, int(busy),
-                self._joined.answer(phase, seconds))
-      self.own_state = (int(phase), *row.clamped)
+                self._joined.answer(phase, seconds), moved=moved,
+                active=getattr(self.recorder, "active", True))
+      self.own_state = (int(phase), *row.clamped, row.moved_slot)
       outcome = self._timed_exchange(row)
       if outcome is None:
         break

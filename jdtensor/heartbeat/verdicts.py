@@ -32,24 +32,39 @@ from jdtensor.heartbeat.stragglers import WaitLedger
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "Decider", "judge",
            "StallTimeout", "STALL_SAFETY_FACTOR", "STALL_WARM_UP_BEATS",
-           "IDLE_PERCENT", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
+           "STALL_RHYTHM_STEPS", "IDLE_PERCENT", "MOVING_BYTES_PER_SECOND", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
            "FIRST_TOKENS", "to_ranges", "from_ranges"]
 
 # A client that waits in a collective counts as blocked only while its process
 # uses less than this share of one core (a process that computes the rest of
 # a program after the collective is busy, not blocked).
 IDLE_PERCENT = 25
+# A client running its own code that reads or writes at least this many
+# bytes a second (files, pipes, TCP: `jdtensor.heartbeat.progress`, less
+# jdtensor's own traffic) is making progress, not idle: an upload, a slow
+# read or a checkpoint written in small pieces moves bytes; a sleep, a lock
+# or a read that never returns moves none.
+MOVING_BYTES_PER_SECOND = 4096
 # The learnt stall time-out is the longest idle pause seen, times this: a
 # step's idle part varies, and a pause five times the longest the run has
 # shown is not its rhythm.
 STALL_SAFETY_FACTOR = 5.0
 # Beats the run is watched, every client past its set-up, before the learnt
-# time-out applies (and at least the floor's worth of seconds): the first
-# steps (compilation, warming caches) teach nothing.
+# time-out applies: the first steps (compilation, warming caches) teach
+# nothing.
 STALL_WARM_UP_BEATS = 10
+# Steps seen (a client that waited at one beat no longer waits at the next:
+# a meeting ended) before the run has shown its rhythm. A pause that began
+# before that is judged by the ceiling: a set-up after a barrier, or a slow
+# first step, is not a rhythm.
+STALL_RHYTHM_STEPS = 10
 # The phase slot's bit that says a client has not joined a collective yet
 # (above every phase).
 _NOT_JOINED = 8
+# The phase slot's bit that says a client's main thread ran over the last
+# period (its own CPU time moved: a step, a dispatch, a loop), not blocked
+# for the whole of it.
+_ACTIVE = 16
 
 
 
@@ -69,18 +84,19 @@ EARLY_EXIT, STALLED, ALL_WAITING, OUT_OF_SYNC, FIRST_TOKENS = (
 
 class BeatLayout:
   """Where each value sits in the merged beat of `n` clients: DTensor's token
-  slots, the stop request, then each client's phase, seconds in it and busy
-  percent."""
+  slots, the stop request, then each client's phase, seconds in it, busy
+  percent and bytes moved a second."""
 
   def __init__(self, n: int):
     self.n = n
     self.stop = n
-    self.width = 4 * n + 1
+    self.width = 5 * n + 1
 
   def row(self, client: int, token: int, stop: bool, phase: int, seconds: float,
-          busy: int, joined: bool = True) -> np.ndarray:
+          busy: int, joined: bool = True, moved: int = 0) -> np.ndarray:
     """One client's row as a vector of the merged beat's width."""
-    return Row(client, token, bool(stop), phase, seconds, busy, joined).vector(self.n)
+    return Row(client, token, bool(stop), phase, seconds, busy, joined,
+               moved=moved).vector(self.n)
 
   def tokens(self, merged: np.ndarray) -> np.ndarray:
     return merged[:self.n]
@@ -89,12 +105,22 @@ class BeatLayout:
     """(phase, seconds in it, busy percent) per client."""
     n = self.n
     return (merged[n + 1:2 * n + 1] & (_NOT_JOINED - 1), merged[2 * n + 1:3 * n + 1],
-            merged[3 * n + 1:])
+            merged[3 * n + 1:4 * n + 1])
+
+  def moved(self, merged: np.ndarray) -> np.ndarray:
+    """Per client: the bytes its process moved a second over the last period
+    (less jdtensor's own)."""
+    return merged[4 * self.n + 1:]
 
   def joined(self, merged: np.ndarray) -> np.ndarray:
     """Per client: whether it has joined a collective yet (set-up is over)."""
     n = self.n
     return (merged[n + 1:2 * n + 1] & _NOT_JOINED) == 0
+
+  def active(self, merged: np.ndarray) -> np.ndarray:
+    """Per client: whether its main thread ran over the last period."""
+    n = self.n
+    return (merged[n + 1:2 * n + 1] & _ACTIVE) != 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +137,11 @@ class Row:
     joined: Whether it has joined a collective yet.
     first: The first beat, where client 0's token fills every token slot
       (DTensor's first all-reduce).
+    moved: Bytes its process read and wrote a second over the last period
+      (files, pipes, TCP), less jdtensor's own traffic.
+    active: Whether its main thread ran over the last period (not blocked
+      for the whole of it): the run's rhythm is counted in periods where
+      every client's did (`StallTimeout`).
   """
   client: int
   token: int
@@ -120,21 +151,29 @@ class Row:
   busy: float
   joined: bool = True
   first: bool = False
+  moved: float = 0.0
+  active: bool = True
 
   @property
   def phase_code(self) -> int:
-    """The phase slot: the phase, and the not-joined bit (a client still in
-    set-up is never a staller)."""
-    return int(self.phase) | (0 if self.joined else _NOT_JOINED)
+    """The phase slot: the phase, the not-joined bit (a client still in
+    set-up is never a staller) and the active bit."""
+    return (int(self.phase) | (0 if self.joined else _NOT_JOINED)
+            | (_ACTIVE if self.active else 0))
 
   @property
   def clamped(self) -> tuple[int, int]:
     """(seconds, busy) as the int32 slots hold them."""
     return (min(int(self.seconds), 2**31 - 1), max(0, min(int(self.busy), 10**6)))
 
+  @property
+  def moved_slot(self) -> int:
+    """`moved` as its int32 slot holds it."""
+    return max(0, min(int(self.moved), 2**31 - 1))
+
   def vector(self, n: int) -> np.ndarray:
     """This row in the merged beat's layout for `n` clients."""
-    row = np.zeros(4 * n + 1, np.int32)
+    row = np.zeros(5 * n + 1, np.int32)
     c = self.client
     if self.first and c == 0:
       row[:n] = self.token
@@ -143,6 +182,7 @@ class Row:
     row[n] = int(self.stop)
     row[n + 1 + c] = self.phase_code
     row[2 * n + 1 + c], row[3 * n + 1 + c] = self.clamped
+    row[4 * n + 1 + c] = self.moved_slot
     return row
 
 
@@ -177,6 +217,12 @@ class Verdict:
     timeout: For `STALLED`: the stall time-out it was named under, seconds.
     learnt: For `STALLED` under a learnt time-out: the longest idle pause
       it was learnt from, seconds; None under the set time-out.
+    early: For `STALLED` with learning on: the pause began before the run
+      had shown its rhythm, so the ceiling judged it.
+    busy: For `STALLED`: the staller's CPU use over the last period, percent
+      of a core.
+    moved: For `STALLED`: the bytes the staller's process moved a second
+      over the last period.
   """
   kind: VerdictKind
   culprits: tuple[int, ...]
@@ -186,6 +232,9 @@ class Verdict:
   cluster_token: int = 0
   timeout: float = 0.0
   learnt: float | None = None
+  early: bool = False
+  busy: int = 0
+  moved: int = 0
 
   def token_of(self, client: int) -> int:
     """The token `client`'s slot held (`OUT_OF_SYNC`)."""
@@ -199,6 +248,10 @@ class Verdict:
            "ct": self.cluster_token, "to": self.timeout}
     if self.learnt is not None:
       out["lf"] = self.learnt
+    if self.early:
+      out["ea"] = 1
+    if self.kind == STALLED:
+      out["bu"], out["mv"] = self.busy, self.moved
     return out
 
   @classmethod
@@ -215,7 +268,8 @@ class Verdict:
     return cls(kind, culprits, int(data.get("s", 0)),
                tuple(from_ranges(data.get("w", ()), n)), tokens,
                int(data.get("ct", 0)), float(data.get("to", 0.0)),
-               None if learnt is None else float(learnt))
+               None if learnt is None else float(learnt), bool(data.get("ea", 0)),
+               int(data.get("bu", 0)), int(data.get("mv", 0)))
 
 
 # An outcome without news: beat, token, whether the run ends (a kind byte
@@ -276,11 +330,12 @@ class Outcome:
     return cls(int(data["b"]), int(data["t"]), bool(data.get("e")), verdict, stragglers)
 
 
-def stall_pattern(phases: np.ndarray, busy: np.ndarray, joined: np.ndarray
-                  ) -> int | None:
-  """The one client running its own code, idle and past its set-up, while
-  every other client waits, idle, in a collective; None if the beat does not
-  look like that (whatever the seconds)."""
+def stall_pattern(phases: np.ndarray, busy: np.ndarray, joined: np.ndarray,
+                  moved: np.ndarray | None = None) -> int | None:
+  """The one client running its own code, idle (under `IDLE_PERCENT` of a
+  core and `MOVING_BYTES_PER_SECOND`) and past its set-up, while every other
+  client waits, idle, in a collective; None if the beat does not look like
+  that (whatever the seconds)."""
   running = np.flatnonzero(phases == RUNNING)
   if running.size != 1:
     return None
@@ -288,6 +343,8 @@ def stall_pattern(phases: np.ndarray, busy: np.ndarray, joined: np.ndarray
   blocked = (phases == WAITING) & (busy < IDLE_PERCENT)
   if busy[runner] >= IDLE_PERCENT or not joined[runner]:
     return None
+  if moved is not None and moved[runner] >= MOVING_BYTES_PER_SECOND:
+    return None  # Reading or writing: making progress, however slowly.
   if int(np.count_nonzero(blocked)) != len(phases) - 1:
     return None
   return runner
@@ -295,14 +352,16 @@ def stall_pattern(phases: np.ndarray, busy: np.ndarray, joined: np.ndarray
 
 def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
           joined: np.ndarray, exit_grace: float, stall_timeout: float,
-          all_waiting_timeout: float | None = None) -> Verdict | None:
+          all_waiting_timeout: float | None = None,
+          moved: np.ndarray | None = None) -> Verdict | None:
   """The verdict of one merged beat's states, if any (the token check and
   the agreed end come first: `Decider.decide`).
 
   * early exit: a client at exit for `exit_grace` s while another has waited,
     idle, in a collective as long;
-  * stalled: one client running its own code, idle and past its set-up, for
-    the stall time-out, while every other client has waited, idle, as long;
+  * stalled: one client running its own code, idle (no CPU to speak of, no
+    bytes moved) and past its set-up, for the stall time-out, while every
+    other client has waited, idle, as long;
   * every client waiting for `all_waiting_timeout` (default: the stall
     time-out; never the learnt one: a long computation looks the same).
   """
@@ -321,12 +380,13 @@ def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
   if stall_timeout <= 0:
     return None
   # A staller runs its own code, idle, for the whole time-out, after its
-  # set-up (a slow first step is not a stall); a busy client is slow, not
-  # stalled.
-  staller = stall_pattern(phases, busy, joined)
+  # set-up (a slow first step is not a stall); a client that computes or
+  # moves bytes is slow, not stalled.
+  staller = stall_pattern(phases, busy, joined, moved)
   if staller is not None and stall_length(staller, seconds) >= stall_timeout:
     return Verdict(STALLED, (staller,), seconds=int(seconds[staller]),
-                   timeout=stall_timeout)
+                   timeout=stall_timeout, busy=int(busy[staller]),
+                   moved=0 if moved is None else int(moved[staller]))
   if int(np.count_nonzero(blocked & (seconds >= all_waiting_timeout))) == n:
     return Verdict(ALL_WAITING, tuple(range(n)))
   return None
@@ -345,13 +405,19 @@ class StallTimeout:
   ran its own code, idle, while every other client waited in a collective
   (`stall_pattern`, `stall_length`). Each such pause counts once it is over
   (the runner joined the others), so a stall in progress never teaches
-  itself. Once every client is past its set-up (it met the others: the
-  beat's joined bits) and the run has been watched `STALL_WARM_UP_BEATS`
-  beats and the floor's worth of seconds since, the time-out is the longest
-  pause seen since, times
+  itself.
+
+  The run has shown its rhythm once every client is past its set-up (it
+  met the others: the beat's joined bits), the run has been watched
+  `STALL_WARM_UP_BEATS` beats since, and `STALL_RHYTHM_STEPS` steps were
+  seen: periods at whose end every client's main thread had run since the
+  last step (the rows' active bits; a client blocked in a load or a
+  collective for a whole period has not). A pause that began before that is
+  judged by the ceiling, however long the run waits in it: a set-up after a
+  barrier, or a slow first step, is not a rhythm. A pause that began after
+  it is judged by the learnt time-out: the longest pause seen since, times
   `STALL_SAFETY_FACTOR`, never below `floor` and never above `ceiling` (the
-  set ``JDTENSOR_STALL_TIMEOUT``). Without learning, or before the warm-up
-  ends, it is the ceiling.
+  set ``JDTENSOR_STALL_TIMEOUT``). Without learning it is the ceiling.
 
   Deterministic in the beats alone: every client that decides the same
   beats gets the same time-out.
@@ -360,53 +426,85 @@ class StallTimeout:
     ceiling: ``JDTENSOR_STALL_TIMEOUT`` (0: no stall verdicts at all).
     floor: ``JDTENSOR_STALL_FLOOR``.
     learn: ``JDTENSOR_STALL_LEARN``.
-    period: The heartbeat's period (the warm-up's seconds, in beats).
+    period: The heartbeat's period (kept for the callers' symmetry; the
+      rhythm is counted in beats and steps, never in seconds).
   """
 
   def __init__(self, ceiling: float, floor: float = 0.0, learn: bool = False,
                period: float = 1.0):
+    del period
     self.ceiling, self.floor = float(ceiling), min(float(floor), float(ceiling))
     self.learn = learn and ceiling > 0 and self.floor < self.ceiling
-    self._warm_up = max(STALL_WARM_UP_BEATS, int(np.ceil(self.floor / max(period, 1e-3))))
     self.watched = 0  # Beats watched since every client was past its set-up.
-    self.longest: float | None = None  # The longest pause over, after the warm-up.
+    self.steps = 0  # Steps seen since then (see the class docstring).
+    self._ran: np.ndarray | None = None  # Clients whose main thread ran since the last.
+    self.longest: float | None = None  # The longest pause over, after the rhythm.
     self._pause: tuple[int, float] | None = None  # (runner, length) in progress.
+    self._pause_learnt = False  # The pause in progress began after the rhythm.
 
   @property
   def warmed_up(self) -> bool:
-    return self.watched >= self._warm_up
+    """Whether the run has shown its rhythm."""
+    return self.watched >= STALL_WARM_UP_BEATS and self.steps >= STALL_RHYTHM_STEPS
 
   @property
   def learnt(self) -> bool:
-    """Whether `value` is learnt (not the ceiling)."""
+    """Whether a pause beginning now is judged by the learnt time-out."""
     return self.learn and self.warmed_up
 
   @property
   def value(self) -> float:
-    """The stall time-out now, seconds."""
+    """The stall time-out for a pause beginning now, seconds."""
     if not self.learnt:
       return self.ceiling
     longest = self.longest or 0.0
     return min(self.ceiling, max(self.floor, STALL_SAFETY_FACTOR * longest))
 
+  @property
+  def pause_learnt(self) -> bool:
+    """Whether the pause in progress (if any) is judged by the learnt
+    time-out (it began after the run showed its rhythm)."""
+    return self.learn and (self._pause_learnt if self._pause is not None
+                           else self.warmed_up)
+
+  @property
+  def current(self) -> float:
+    """The stall time-out for the pause in progress (a pause that began
+    before the rhythm: the ceiling); with none, `value`."""
+    if self._pause is not None and not self._pause_learnt:
+      return self.ceiling
+    return self.value
+
   def observe(self, phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
-              joined: np.ndarray) -> None:
-    """Takes one merged beat's states."""
+              joined: np.ndarray, active: np.ndarray | None = None,
+              moved: np.ndarray | None = None) -> None:
+    """Takes one merged beat's states (`active`: the rows' active bits;
+    None: every client ran)."""
     if not self.learn or (self.watched == 0 and not bool(joined.all())):
       return
     self.watched += 1
-    runner = stall_pattern(phases, busy, joined)
+    ran = np.ones(len(phases), bool) if active is None else np.asarray(active, bool)
+    self._ran = ran if self._ran is None else (self._ran | ran)
+    if bool(self._ran.all()):
+      self.steps += 1
+      self._ran = None
+    runner = stall_pattern(phases, busy, joined, moved)
     pause = None if runner is None else (runner, stall_length(runner, seconds))
-    if (self._pause is not None and self.warmed_up
-        and (pause is None or pause[0] != self._pause[0] or pause[1] < self._pause[1])):
+    same = (pause is not None and self._pause is not None
+            and pause[0] == self._pause[0] and pause[1] >= self._pause[1])
+    if self._pause is not None and not same and self._pause_learnt:
       self.longest = max(self.longest or 0.0, self._pause[1])  # That pause is over.
+    if pause is not None and not same:
+      self._pause_learnt = self.warmed_up  # A new pause: judged by what it found.
     self._pause = pause
 
   def status(self) -> dict[str, Any]:
     """For `jdtensor status`: the time-out now and how it was reached."""
-    return {"stall_timeout": self.value, "stall_learnt": self.learnt,
+    return {"stall_timeout": self.current, "stall_learnt": self.pause_learnt,
             "stall_longest": self.longest, "stall_floor": self.floor,
-            "stall_ceiling": self.ceiling}
+            "stall_ceiling": self.ceiling, "stall_steps": self.steps,
+            "stall_rhythm": self.warmed_up, "stall_rhythm_steps": STALL_RHYTHM_STEPS,
+            "stall_learn": self.learn}
 
 
 class Decider:
@@ -439,6 +537,7 @@ class Decider:
     # The last merged beat's (phases, seconds, busy, joined); None until one
     # was decided here.
     self.view: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    self.moved: np.ndarray | None = None  # The last merged beat's bytes a second.
 
   def first(self, merged: np.ndarray) -> Outcome:
     """The first exchange: every slot must hold client 0's token."""
@@ -462,11 +561,13 @@ class Decider:
     stragglers = self._count_waits(phases, joined)
     if merged[self.layout.stop] > 0 or bool(np.all(phases == AT_EXIT)):
       return Outcome(beat, self.token, end=True, stragglers=stragglers)
-    self.stall.observe(phases, seconds, busy, joined)
-    verdict = judge(phases, seconds, busy, joined, self.exit_grace, self.stall.value,
-                    self.stall.ceiling)
-    if verdict is not None and verdict.kind == STALLED and self.stall.learnt:
-      verdict = dataclasses.replace(verdict, learnt=self.stall.longest or 0.0)
+    moved = self.layout.moved(merged)
+    self.stall.observe(phases, seconds, busy, joined, self.layout.active(merged), moved)
+    verdict = judge(phases, seconds, busy, joined, self.exit_grace, self.stall.current,
+                    self.stall.ceiling, moved)
+    if verdict is not None and verdict.kind == STALLED and self.stall.learn:
+      verdict = (dataclasses.replace(verdict, learnt=self.stall.longest or 0.0)
+                 if self.stall.pause_learnt else dataclasses.replace(verdict, early=True))
     if verdict is not None and verdict.kind == ALL_WAITING:
       if self._all_waiting_said:
         verdict = None
@@ -477,6 +578,7 @@ class Decider:
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     phases, seconds, busy = self.layout.states(merged)
     self.view = (phases, seconds, busy, self.layout.joined(merged))
+    self.moved = self.layout.moved(merged)
     return self.view
 
   def _out_of_sync(self, slots: np.ndarray) -> Verdict:
@@ -527,8 +629,9 @@ class Decider:
     if self.view is None:
       return {}
     phases, seconds, busy, _ = self.view
+    moved = self.moved if self.moved is not None else np.zeros_like(busy)
     return {"phases": phases.tolist(), "seconds": seconds.tolist(),
-            "busy": busy.tolist(), **self.stall.status(),
+            "busy": busy.tolist(), "moved": moved.tolist(), **self.stall.status(),
             "waiting": [round(float(v), 1) for v in self.waits.waiting()],
             "waited_for": [round(float(v), 1) for v in self.waits.waited_for()]}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jdtensor._ids import LISTED, ids_text
-from jdtensor._report import Reason
+from jdtensor._report import Reason, rate_text
 from jdtensor.heartbeat.verdicts import STALL_SAFETY_FACTOR
 
 __all__ = ["names", "early_exit", "stalled", "every_client_waiting", "wrong_sum",
@@ -41,18 +41,25 @@ def early_exit(gone_: Sequence[int], waiting: Sequence[int]) -> Reason:
 
 def stalled(staller: int, where: str, seconds: int, waiters: Sequence[int], *,
             timeout: float = 0.0, learnt: float | None = None, floor: float = 0.0,
-            ceiling: float = 0.0) -> Reason:
-  """A client running its own code while every other waits in a collective;
-  under a learnt time-out (`learnt`: the longest pause it was learnt from),
-  the time-out and how it was learnt."""
+            ceiling: float = 0.0, early: bool = False, busy: int = 0,
+            moved: int = 0) -> Reason:
+  """A client running its own code, idle (`busy`: percent of a core,
+  `moved`: bytes a second), while every other waits in a collective; which
+  rule set the time-out: learnt (`learnt`: the longest pause it was learnt
+  from), the ceiling because the pause began before the run had shown its
+  rhythm (`early`), or the set time-out (neither: learning off)."""
   how = ""
   if learnt is not None:
     how = (f" (stall time-out {timeout:g} s, learnt from this run: "
            f"{STALL_SAFETY_FACTOR:g} x its longest idle pause, {learnt:g} s, "
            f"at least {floor:g} s; JDTENSOR_STALL_TIMEOUT {ceiling:g} s is the "
            "ceiling, JDTENSOR_STALL_LEARN=false turns learning off)")
-  return Reason(f"client {staller} stalled: main thread in {where} for {seconds} s "
-                f"while {names(waiters)} {_verb(waiters, 'waits', 'wait')} in a "
+  elif early:
+    how = (f" (stall time-out {timeout:g} s, JDTENSOR_STALL_TIMEOUT: the pause began "
+           "before the run had shown its rhythm, so no learnt time-out applied)")
+  return Reason(f"client {staller} stalled: main thread in {where} for {seconds} s, "
+                f"idle ({busy}% of a core, {rate_text(moved)} read or written), while "
+                f"{names(waiters)} {_verb(waiters, 'waits', 'wait')} in a "
                 f"collective{how}", (staller,))
 
 

@@ -29,7 +29,7 @@ __all__ = ["Hello", "PeerHello", "Meeting", "bind_address", "run_id",
 # 7: a hello says the address family of its collectives (``family``); a link
 #    report carries its detail and subject as fields, a departure whether it
 #    raised (``raised``).
-PROTOCOL = 7
+PROTOCOL = 8
 # At most this many GPUs in a hello, each named in at most MAX_GPU_TEXT
 # characters (a node has a handful; a MIG-sliced one a few dozen).
 MAX_GPUS = 256

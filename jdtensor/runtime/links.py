@@ -165,6 +165,10 @@ class Links:
     self._carrier: Callable[[int, dict[str, object] | bytes], None] | None = None
     self._carried: list[tuple[int, dict[str, object] | bytes]] = []  # Before `carry`.
 
+  def descriptors(self) -> list[int]:
+    """The file descriptors of the links' sockets (jdtensor's own traffic)."""
+    return [sock.fileno() for sock in list(self._sockets.values())]
+
   def carry(self, handler: Callable[[int, dict[str, object] | bytes], None]) -> None:
     """Hands every exchange message (an ``hb`` key) to `handler(client,
     message)` on the watching thread, those already received first."""

@@ -1,15 +1,29 @@
 """A step loop for hang triage, synchronised by a collective or by the
 coordination service alone.
 
-    SCENARIO=stall|load|none SYNC=psum|barrier [CULPRIT=1] python hang_client.py
+    SCENARIO=stall|lock|load|setup|upload|write|none SYNC=psum|barrier [CULPRIT=1] \
+      python hang_client.py
 
 Every step, each client loads its next batch (STEP_SECONDS of idle own code,
 a data loader), then meets the others: SYNC=psum, a psum over every device
 of a `jax.make_mesh` mesh; SYNC=barrier, a coordination-service barrier
 (``client.wait_at_barrier``, as checkpointing and data pipelines do). From
-the first step after MISBEHAVE_AFTER seconds of the loop, client CULPRIT
-stalls in its data loader (SCENARIO=stall, 600 s) or loads one batch for
-LOAD_SECONDS (SCENARIO=load: a rare long idle load, then the loop goes on).
+the first step after MISBEHAVE_AFTER seconds of the loop, client CULPRIT:
+
+* SCENARIO=stall: hangs in its data loader (a 600 s sleep);
+* SCENARIO=lock: hangs on a lock that is never released;
+* SCENARIO=load: loads one batch for LOAD_SECONDS (a rare long idle load,
+  then the loop goes on);
+* SCENARIO=upload: uploads for LOAD_SECONDS to the server at UPLOAD_PORT,
+  which takes the bytes slowly (a trickle), then goes on;
+* SCENARIO=write: writes a file in small pieces for LOAD_SECONDS (a slow
+  file system), then goes on.
+
+SCENARIO=setup: every client meets the others once
+(``multihost_utils.sync_global_devices``), then client CULPRIT spends
+LOAD_SECONDS idle before its first step (loading a checkpoint from remote
+storage) while the others wait in the first step's collective.
+
 It prints ``MISBEHAVING <unix time>`` first. STEPS steps, then ``DONE``.
 """
 
@@ -41,12 +55,49 @@ if sync == "barrier":
   client = distributed.global_state.client
 
 
+load_seconds = float(os.environ.get("LOAD_SECONDS", "5"))
+
+
+def upload() -> None:
+  """Sends for `load_seconds` to a server that reads slowly (send() blocks
+  on its full socket buffer most of the time)."""
+  import socket  # pylint: disable=g-import-not-at-top
+  end = time.monotonic() + load_seconds
+  with socket.create_connection(("127.0.0.1", int(os.environ["UPLOAD_PORT"]))) as sock:
+    sock.settimeout(1.0)
+    while time.monotonic() < end:
+      try:
+        sock.send(b"u" * 16384)
+      except TimeoutError:
+        pass
+
+
+def write_slowly() -> None:
+  """Writes 4 KiB every 50 ms for `load_seconds`."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  end = time.monotonic() + load_seconds
+  with tempfile.TemporaryFile() as f:
+    while time.monotonic() < end:
+      f.write(b"w" * 4096)
+      f.flush()
+      time.sleep(0.05)
+
+
 def next_batch(late: bool) -> None:
   """Where a data loader sits: idle, in the program's own code."""
   if late and what == "stall":
     time.sleep(600)
+  elif late and what == "lock":
+    import threading  # pylint: disable=g-import-not-at-top
+    never = threading.Lock()
+    never.acquire()
+    never.acquire()
   elif late and what == "load":
-    time.sleep(float(os.environ.get("LOAD_SECONDS", "5")))
+    time.sleep(load_seconds)
+  elif late and what == "upload":
+    upload()
+  elif late and what == "write":
+    write_slowly()
   else:
     time.sleep(step_seconds)
 
@@ -54,7 +105,13 @@ def next_batch(late: bool) -> None:
 from jdtensor import heartbeat  # noqa: E402
 if heartbeat.current() is not None:
   heartbeat.current().ready.wait(60)
-started, misbehaved = time.monotonic(), False
+if what == "setup":
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  multihost_utils.sync_global_devices("start")
+  if k == culprit:
+    print(f"MISBEHAVING {time.time():.3f} set-up", flush=True)
+    time.sleep(load_seconds)  # Loading a checkpoint from remote storage.
+started, misbehaved = time.monotonic(), what == "setup"
 for step in range(int(os.environ.get("STEPS", "100000"))):
   late = (k == culprit and not misbehaved and what != "none"
           and time.monotonic() - started >= misbehave_after)

@@ -87,7 +87,8 @@ CASES = {
               r"client 1 raises at step 3 \(_gpu_check_client.py:\d+ in <module>\)"),
     "stall": (70, "exit code 70", r"heartbeat: client 1 stalled: main thread in "
               r"_gpu_check_client.py:\d+ next_batch <- _gpu_check_client.py:\d+ <module> "
-              r"for 5 s while clients 0, 2 wait in a collective"),
+              r"for 5 s, idle \(\d+% of a core, [\d.]+ [KM]?i?B/s read or written\), "
+              r"while clients 0, 2 wait in a collective"),
 }
 
 

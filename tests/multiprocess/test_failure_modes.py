@@ -161,8 +161,9 @@ def test_a_stall_is_named_on_every_client_with_its_stack():
   res, out, err, ended, stamps = run("stall", JDTENSOR_STALL_TIMEOUT="3")
   assert seconds_after_misbehaving(stamps, ended) < 3 + 2 * 0.5 + 4, err
   where = r"failure_client\.py:\d+ next_batch <- failure_client\.py:\d+ <module>"
-  said = (rf"client 1 stalled: main thread in {where} for \d+ s while clients 0, "
-          r"2 wait in a collective")
+  said = (rf"client 1 stalled: main thread in {where} for \d+ s, idle \(\d+% of a "
+          r"core, [\d.]+ [KM]?i?B/s read or written\), while clients 0, 2 wait in a "
+          r"collective")
   assert res.returncodes[1] == OWN_FAILURE_EXIT_CODE, res.returncodes
   assert res.exit_code == OWN_FAILURE_EXIT_CODE
   assert re.match(rf"jdtensor launch: client 1 exited with code 70: {said}; ",

@@ -31,12 +31,14 @@ CASES = [
     ("stalled, seen by another", failures.stalled(STALL, 0, 3, "data.py:88 next",
                                                   StallTimeout(300.0)),
      (1,), PEER, True, failures.CULPRIT_EXIT_GRACE,
-     "client 1 stalled: main thread in data.py:88 next for 301 s while clients 0, 2 "
+     "client 1 stalled: main thread in data.py:88 next for 301 s, idle (0% of a core, 0 B/s "
+     "read or written), while clients 0, 2 "
      "wait in a collective"),
     ("stalled, the staller itself", failures.stalled(STALL, 1, 3, "data.py:88 next",
                                                      StallTimeout(300.0)),
      (1,), OWN, True, failures.CULPRIT_EXIT_GRACE,
-     "client 1 stalled: main thread in data.py:88 next for 301 s while clients 0, 2 "
+     "client 1 stalled: main thread in data.py:88 next for 301 s, idle (0% of a core, 0 B/s "
+     "read or written), while clients 0, 2 "
      "wait in a collective"),
     ("stalled, learnt", failures.stalled(LEARNT, 0, 2, "t.py:5 f",
                                          StallTimeout(300.0, 30.0, True, 2.0)),

@@ -179,7 +179,7 @@ class Recorder:
   def __init__(self, where="train.py:10 step"):
     self.phase, self.seconds, self.at_exit, self._where = RUNNING, 0.0, False, where
 
-  def sample(self, busy=0.0, idle_percent=25.0):
+  def sample(self, busy=0.0, idle_percent=25.0, moving=False):
     if self.at_exit and self.phase != WAITING:
       return AT_EXIT, self.seconds
     return self.phase, self.seconds
@@ -380,7 +380,8 @@ def test_stall_names_the_client_that_never_joins_the_collective():
                       (WAITING, 302, 1)])
   assert str(failure) == (
       "heartbeat: client 1 stalled: main thread in data.py:88 next_batch <- "
-      "train.py:40 main for 301 s while clients 0, 2, 3 wait in a collective; "
+      "train.py:40 main for 301 s, idle (0% of a core, 0 B/s read or written), while "
+      "clients 0, 2, 3 wait in a collective; "
       "carrying on (policy 'log')")
   assert failure.client_ids == (1,)
 
@@ -389,7 +390,8 @@ def test_the_staller_names_itself_with_its_own_stack():
   failure = judge(2, [(WAITING, 400, 1), (RUNNING, 301, 0)], me=1)
   assert str(failure).startswith("heartbeat: client 1 stalled: main thread in "
                                  "data.py:88 next_batch <- train.py:40 main for "
-                                 "301 s while client 0 waits in a collective")
+                                 "301 s, idle (0% of a core, 0 B/s read or written), while "
+                                 "client 0 waits in a collective")
 
 
 @pytest.mark.parametrize("states", [
@@ -601,15 +603,18 @@ def test_beat_stuck_after_every_client_started_it():
 
 def test_the_beat_layout_keeps_each_clients_slots_apart():
   layout = protocol.BeatLayout(3)
-  rows = [layout.row(c, 77, c == 2, (RUNNING, WAITING, AT_EXIT)[c], 10 * c, c)
-          for c in range(3)]
+  rows = [layout.row(c, 77, c == 2, (RUNNING, WAITING, AT_EXIT)[c], 10 * c, c,
+                    joined=c != 1, moved=1000 * c) for c in range(3)]
   merged = sum(rows)
   assert layout.tokens(merged).tolist() == [77, 77, 77]
   assert merged[layout.stop] == 1
   phases, seconds, busy = layout.states(merged)
   assert phases.tolist() == [RUNNING, WAITING, AT_EXIT]
   assert seconds.tolist() == [0, 10, 20] and busy.tolist() == [0, 1, 2]
-  assert layout.width == 13
+  assert layout.joined(merged).tolist() == [True, False, True]
+  assert layout.active(merged).tolist() == [True, True, True]
+  assert layout.moved(merged).tolist() == [0, 1000, 2000]
+  assert layout.width == 16
 
 
 class _SlowLauncherHooks(Hooks):

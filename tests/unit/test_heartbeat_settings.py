@@ -164,14 +164,14 @@ def test_heartbeat_settings_defaults_and_agreement_keys():
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({}, (300.0, 30.0, True)),
-    ({"JDTENSOR_STALL_LEARN": "false"}, (300.0, 30.0, False)),
+    ({}, (300.0, 60.0, True)),
+    ({"JDTENSOR_STALL_LEARN": "false"}, (300.0, 60.0, False)),
     ({"JDTENSOR_STALL_FLOOR": "10"}, (300.0, 10.0, True)),
     # A stall time-out set below the default floor: the floor follows it.
     ({"JDTENSOR_STALL_TIMEOUT": "5"}, (5.0, 5.0, True)),
     # A floor set above the default ceiling: the ceiling follows it.
     ({"JDTENSOR_STALL_FLOOR": "600"}, (600.0, 600.0, True)),
-    ({"JDTENSOR_STALL_TIMEOUT": "0"}, (0.0, 30.0, True)),
+    ({"JDTENSOR_STALL_TIMEOUT": "0"}, (0.0, 60.0, True)),
     # Both set, the floor above the ceiling: the user's own contradiction.
     ({"JDTENSOR_STALL_TIMEOUT": "5", "JDTENSOR_STALL_FLOOR": "6"},
      "JDTENSOR_STALL_FLOOR='6' is above JDTENSOR_STALL_TIMEOUT='5': the learnt stall "

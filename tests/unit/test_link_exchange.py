@@ -211,7 +211,7 @@ def test_malformed_exchange_messages_are_ignored(star):
   # A row naming a beat long gone, and a second row for a beat: ignored too.
   out = s.beat(rows_of(2, 0))
   assert out == {0: Outcome(0, TOKEN), 1: Outcome(0, TOKEN)}
-  s.links[1].send(ROW_FRAME.pack(ord("R"), 0, 1, 0, RUNNING, 0, 0), to=0)
+  s.links[1].send(ROW_FRAME.pack(ord("R"), 0, 1, 0, RUNNING, 0, 0, 0), to=0)
   assert s.beat(rows_of(2, 1)) == {0: Outcome(1, TOKEN), 1: Outcome(1, TOKEN)}
 
 
@@ -231,15 +231,15 @@ class _CountingLinks:
 
 @pytest.mark.parametrize("n", [3, 4096])
 def test_a_beat_costs_each_client_the_same_few_bytes_at_any_scale(n):
-  """Client 0 takes a 21-byte row from every client and sends each a 12-byte
+  """Client 0 takes a 25-byte row from every client and sends each a 12-byte
   outcome: O(1) per client, O(N) at client 0."""
   links = _CountingLinks(n)
   exchange = LinkExchange(0, n, links)
   exchange.open(decider(n))
-  row = ROW_FRAME.pack(ord("R"), 0, 0, 0, RUNNING, 0, 0)
-  assert len(encode_binary(row)) == 21
+  row = ROW_FRAME.pack(ord("R"), 0, 0, 0, RUNNING, 0, 0, 0)
+  assert len(encode_binary(row)) == 25
   for beat in range(3):
-    row = ROW_FRAME.pack(ord("R"), beat, 0 if beat == 0 else TOKEN, 0, RUNNING, 5, 1)
+    row = ROW_FRAME.pack(ord("R"), beat, 0 if beat == 0 else TOKEN, 0, RUNNING, 5, 1, 0)
     for c in range(1, n):
       links.carrier(c, row)
     own = rows_of(1, beat)[0]
@@ -388,7 +388,7 @@ def test_without_news_an_outcome_goes_out_only_every_few_beats():
   exchange.open(decider(n))
   sent = []
   for beat in range(7):
-    row = ROW_FRAME.pack(ord("R"), beat, 0 if beat == 0 else TOKEN, 0, RUNNING, 5, 1)
+    row = ROW_FRAME.pack(ord("R"), beat, 0 if beat == 0 else TOKEN, 0, RUNNING, 5, 1, 0)
     for c in range(1, n):
       links.carrier(c, row)
     assert exchange.beat(rows_of(1, beat)[0]) == Outcome(beat, TOKEN)

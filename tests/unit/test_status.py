@@ -51,7 +51,8 @@ def test_a_request_is_answered_for_a_while_then_not(tmp_path):
 RUN = {"pid": 4242, "command": ["python", "train.py"], "num_clients": 4,
        "client_ids": [0, 1, 2, 3], "restarts": 0, "started": 1000.0}
 VIEW = {"beats": 36, "phases": [W, W, W, R], "seconds": [0, 0, 1, 2],
-        "busy": [3, 4, 3, 2], "waiting": [71.0, 70.0, 72.0, 0.0],
+        "busy": [3, 4, 3, 2], "moved": [0, 0, 0, 66_000],
+        "waiting": [71.0, 70.0, 72.0, 0.0],
         "waited_for": [0.0, 0.0, 0.0, 71.0], "window": 60.0, "threshold": 30.0}
 
 
@@ -65,13 +66,13 @@ def test_the_status_table_one_row_per_client():
   assert lines[0].startswith("jdtensor launch (pid 4242): 4 client(s), `python train.py`, "
                              "up 1 min 12 s, restarts 0, at ")
   assert lines[2].split() == ["client", "phase", "for", "where", "(main", "thread)",
-                              "CPU", "%", "RSS", "beats", "restarts", "waiting",
+                              "CPU", "%", "I/O", "RSS", "beats", "restarts", "waiting",
                               "waited", "for"]
   assert lines[3].split() == ["0", "collective", "0.0", "s", "train.py:50", "step",
-                              "3", "400", "MiB", "36", "0", "71%", "0%"]
+                              "3", "0", "B/s", "400", "MiB", "36", "0", "71%", "0%"]
   assert lines[6].split() == ["3", "own", "code", "2.0", "s", "data.py:88", "next_batch",
-                              "<-", "train.py:49", "main", "2", "405", "MiB", "36", "0",
-                              "0%", "71%"]
+                              "<-", "train.py:49", "main", "2", "64.5", "KiB/s", "405",
+                              "MiB", "36", "0", "0%", "71%"]
   assert lines[-1] == ("waiting: share of the last 60 s each client spent waiting in "
                        "collectives; waited for: share the others spent waiting for it "
                        "(straggler above 30%). Beat data 0.5 s old.")
@@ -120,12 +121,13 @@ def test_the_launcher_reads_the_lowest_clients_record_of_the_run(tmp_path):
 def test_the_status_table_of_a_node_without_client_0():
   """On another node than client 0's, each client knows only its own state:
   the table shows those clients, and says where the rest is kept."""
-  statuses = {c: {"client": c, "beats": 36, "period": 2.0, "own": [R if c == 5 else W, 3 + c, 2],
+  statuses = {c: {"client": c, "beats": 36, "period": 2.0,
+                  "own": [R if c == 5 else W, 3 + c, 2, 5000],
                   "where": f"train.py:{50 + c} step", "rss_mib": 400.0, "restarts": 0,
                   "window": 60.0, "threshold": 30.0, "at": 1071.5} for c in (4, 5)}
   lines = _status.format_status({**RUN, "num_clients": 8}, statuses, now=1072.0).splitlines()
   assert lines[3].split() == ["4", "collective", "7.0", "s", "train.py:54", "step",
-                              "2", "400", "MiB", "36", "0", "-", "-"]
+                              "2", "4.9", "KiB/s", "400", "MiB", "36", "0", "-", "-"]
   assert lines[4].split()[:4] == ["5", "own", "code", "8.0"]
   assert len(lines) == 8 and lines[-1].startswith("Only this node's clients: client 0")
 
@@ -135,12 +137,21 @@ def test_the_status_table_of_a_node_without_client_0():
     ({"stall_timeout": 0}, "Stall time-out: off (JDTENSOR_STALL_TIMEOUT=0)."),
     ({"stall_timeout": 300.0, "stall_learnt": False, "stall_ceiling": 300.0},
      "Stall time-out: 300 s (JDTENSOR_STALL_TIMEOUT; not learnt)."),
+    ({"stall_timeout": 300.0, "stall_learnt": False, "stall_ceiling": 300.0,
+      "stall_learn": True, "stall_rhythm": False, "stall_steps": 3,
+      "stall_rhythm_steps": 10},
+     "Stall time-out: 300 s (JDTENSOR_STALL_TIMEOUT: the run has not shown its rhythm "
+     "yet, 3 of 10 steps)."),
+    ({"stall_timeout": 300.0, "stall_learnt": False, "stall_ceiling": 300.0,
+      "stall_learn": True, "stall_rhythm": True, "stall_steps": 30},
+     "Stall time-out: 300 s (JDTENSOR_STALL_TIMEOUT: the pause in progress began "
+     "before the run showed its rhythm)."),
     ({"stall_timeout": 30.0, "stall_learnt": True, "stall_longest": None,
       "stall_floor": 30.0, "stall_ceiling": 300.0},
      "Stall time-out: 30 s, learnt (no idle pause seen; floor 30 s, ceiling 300 s)."),
     ({"stall_timeout": 42.5, "stall_learnt": True, "stall_longest": 8.5,
       "stall_floor": 30.0, "stall_ceiling": 300.0},
      "Stall time-out: 42.5 s, learnt (longest idle pause 8.5 s; floor 30 s, ceiling 300 s)."),
-], ids=["unknown", "off", "set", "learnt-floor", "learnt"])
+], ids=["unknown", "off", "set", "no-rhythm", "early-pause", "learnt-floor", "learnt"])
 def test_status_shows_the_stall_time_out_in_force(view, line):
   assert _status.stall_line(view) == line

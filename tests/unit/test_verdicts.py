@@ -9,6 +9,7 @@ from jdtensor._wire import Frames, encode, encode_binary
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
+                                         MOVING_BYTES_PER_SECOND,
                                          OUT_OF_SYNC, STALLED, BeatLayout, Decider,
                                          Outcome, Row, StallTimeout, Verdict, from_ranges, judge,
                                          to_ranges)
@@ -198,18 +199,27 @@ def test_frames_mix_json_lines_and_binary_beats_across_reads():
 # -- the learnt stall time-out ----------------------------------------------------
 
 def _beats(pattern):
-  """(phases, seconds, busy, joined) of 2 clients per beat: "w" client 1
-  waits while client 0 runs idle for the given seconds; "s" both step (one
-  computes while the other waits, by turns); "u" client 0 is still in its
-  set-up (never met the others) while client 1 waits."""
+  """(phases, seconds, busy, joined, active) of 2 clients per beat: "w"
+  client 1 waits while client 0 runs idle for the given seconds (neither
+  main thread runs); "s" both step (one computes while the other waits, by
+  turns; both main threads run); "u" client 0 is still in its set-up (never
+  met the others) while client 1 waits; "i" both have met the others but
+  neither main thread runs (a set-up's long load on one, a collective on
+  the other: no step)."""
   for i, (kind, secs) in enumerate(pattern):
     if kind == "w":
-      yield np.array([R, W]), np.array([secs, secs + 1]), np.array([0, 1]), np.ones(2, bool)
+      yield (np.array([R, W]), np.array([secs, secs + 1]), np.array([0, 1]),
+             np.ones(2, bool), np.zeros(2, bool))
     elif kind == "u":
-      yield np.array([R, W]), np.array([i, i]), np.array([0, 1]), np.array([False, True])
+      yield (np.array([R, W]), np.array([i, i]), np.array([0, 1]),
+             np.array([False, True]), np.zeros(2, bool))
+    elif kind == "i":
+      yield (np.array([J, W]), np.array([i, i]), np.array([90, 1]), np.ones(2, bool),
+             np.zeros(2, bool))
     else:
       phases = [J, W] if i % 2 else [W, J]
-      yield np.array(phases), np.array([0, 0]), np.array([90, 1]), np.ones(2, bool)
+      yield (np.array(phases), np.array([0, 0]), np.array([90, 1]), np.ones(2, bool),
+             np.ones(2, bool))
 
 
 def _learnt(pattern, ceiling=300.0, floor=30.0, learn=True, period=2.0):
@@ -219,35 +229,47 @@ def _learnt(pattern, ceiling=300.0, floor=30.0, learn=True, period=2.0):
   return stall
 
 
-@pytest.mark.parametrize("pattern, value, longest", [
-    # Before the warm-up (10 beats and the floor's seconds: 15 beats at 2 s):
-    # the ceiling.
-    ([("s", 0)] * 14, 300.0, None),
-    # Warmed up, no idle pause seen: the floor.
-    ([("s", 0)] * 15, 30.0, None),
-    # A pause of 4 s, over, after the warm-up: 5 x 4 = 20 s, below the floor.
-    ([("s", 0)] * 15 + [("w", 2), ("w", 4), ("s", 0)], 30.0, 4.0),
+STEADY = [("s", 0)] * 10  # The rhythm: 10 beats, 10 steps.
+
+
+@pytest.mark.parametrize("pattern, value, current, longest", [
+    # Before the rhythm (10 steps): the ceiling.
+    (STEADY[:9], 300.0, 300.0, None),
+    # The rhythm shown, no idle pause seen: the floor.
+    (STEADY, 30.0, 30.0, None),
+    # A pause of 4 s, over, after the rhythm: 5 x 4 = 20 s, below the floor.
+    (STEADY + [("w", 2), ("w", 4), ("s", 0)], 30.0, 30.0, 4.0),
     # A pause of 10 s: 50 s.
-    ([("s", 0)] * 15 + [("w", 4), ("w", 10), ("s", 0)], 50.0, 10.0),
+    (STEADY + [("w", 4), ("w", 10), ("s", 0)], 50.0, 50.0, 10.0),
     # A pause of 100 s: 500 s, held at the ceiling.
-    ([("s", 0)] * 15 + [("w", 100), ("s", 0)], 300.0, 100.0),
+    (STEADY + [("w", 100), ("s", 0)], 300.0, 300.0, 100.0),
     # A pause still going on teaches nothing (a stall must not raise its own
-    # time-out).
-    ([("s", 0)] * 15 + [("w", 10), ("w", 20), ("w", 40)], 30.0, None),
-    # A pause during the warm-up teaches nothing (compilation, first steps).
-    ([("w", 20), ("s", 0)] + [("s", 0)] * 15, 30.0, None),
+    # time-out), and is judged by the learnt time-out.
+    (STEADY + [("w", 10), ("w", 20), ("w", 40)], 30.0, 30.0, None),
+    # A pause before the rhythm teaches nothing (compilation, first steps).
+    ([("w", 20), ("s", 0)] + STEADY, 30.0, 30.0, None),
     # The same runner's pause restarting shorter: the first one was over.
-    ([("s", 0)] * 15 + [("w", 8), ("w", 1), ("s", 0)], 40.0, 8.0),
-    # A client still in its set-up (a slow first step): no warm-up at all,
-    # however long; it starts once the client met the others.
-    ([("u", 0)] * 100, 300.0, None),
-    ([("u", 0)] * 100 + [("s", 0)] * 14, 300.0, None),
-    ([("u", 0)] * 100 + [("s", 0)] * 15, 30.0, None),
+    (STEADY + [("w", 8), ("w", 1), ("s", 0)], 40.0, 40.0, 8.0),
+    # A pause that began before the rhythm (a set-up after a barrier: three
+    # steps, then one client loads for minutes) is judged by the ceiling,
+    # however many beats it lasts: beats are not steps.
+    ([("s", 0)] * 3 + [("w", k) for k in range(2, 200, 2)], 300.0, 300.0, None),
+    # Beats in which no main thread runs are no rhythm.
+    ([("i", 0)] * 100, 300.0, 300.0, None),
+    # Once it is over and the run steps, the rhythm is shown.
+    ([("s", 0)] * 3 + [("w", 60), ("s", 0)] + STEADY, 30.0, 30.0, None),
+    # A client still in its set-up (a slow first step): no rhythm at all,
+    # however long; counting starts once the client met the others.
+    ([("u", 0)] * 100, 300.0, 300.0, None),
+    ([("u", 0)] * 100 + STEADY[:9], 300.0, 300.0, None),
+    ([("u", 0)] * 100 + STEADY, 30.0, 30.0, None),
 ], ids=["warming-up", "no-pause", "short-pause", "pause", "long-pause", "in-progress",
-        "during-warm-up", "restarted", "in-set-up", "after-set-up", "after-set-up-warm"])
-def test_the_stall_time_out_is_learnt_from_the_runs_pauses(pattern, value, longest):
+        "during-warm-up", "restarted", "began-before-the-rhythm", "no-steps",
+        "after-the-early-pause", "in-set-up", "after-set-up", "after-set-up-warm"])
+def test_the_stall_time_out_is_learnt_from_the_runs_pauses(pattern, value, current,
+                                                           longest):
   stall = _learnt(pattern)
-  assert (stall.value, stall.longest) == (value, longest)
+  assert (stall.value, stall.current, stall.longest) == (value, current, longest)
 
 
 def test_learning_off_keeps_the_set_time_out():
@@ -281,3 +303,38 @@ def test_a_stall_under_a_learnt_time_out_says_so():
   assert Outcome.from_wire(outcome.to_wire(), 2) == outcome
   # An every-client wait still needs the set time-out, not the learnt one.
   assert beat((W, 60, 0), (W, 60, 1)).verdict is None
+
+
+@pytest.mark.parametrize("moved, stalled", [
+    (0, True), (MOVING_BYTES_PER_SECOND - 1, True),  # A hang moves nothing.
+    (MOVING_BYTES_PER_SECOND, False), (64 * 1024, False),  # An upload, a slow read.
+])
+def test_a_client_that_moves_bytes_is_not_idle(moved, stalled):
+  phases, seconds = np.array([R, W, W]), np.array([100, 100, 100])
+  busy, joined = np.array([1, 1, 1]), np.ones(3, bool)
+  verdict = judge(phases, seconds, busy, joined, 3.0, 60.0,
+                  moved=np.array([moved, 10**6, 0]))  # A waiter's bytes say nothing.
+  if stalled:
+    assert verdict == Verdict(STALLED, (0,), seconds=100, timeout=60.0, busy=1,
+                              moved=moved)
+  else:
+    assert verdict is None
+
+
+def test_a_pause_that_began_before_the_rhythm_is_named_at_the_ceiling_and_says_so():
+  d = Decider(2, 3.0, StallTimeout(40.0, 5.0, True, 1.0),
+              WaitLedger(2, 4.0, 30.0, 1.0), lambda: 100.0)
+  d.first(merged([Row(0, 7, False, R, 0, 0, first=True),
+                  Row(1, 7, False, R, 0, 0, first=True)], 2))
+
+  def beat(secs, active=False):
+    return d.decide(merged([Row(0, 7, False, R, secs, 0, active=active),
+                            Row(1, 7, False, W, secs, 1, active=active)], 2)).verdict
+  # Two steps after the barrier, then client 0 loads: the floor (5 s) never
+  # applies to this pause, the ceiling (40 s) does.
+  assert beat(0, True) is None and beat(0, True) is None
+  for secs in range(1, 40, 1):
+    assert beat(secs) is None, secs
+  verdict = beat(40)
+  assert verdict == Verdict(STALLED, (0,), seconds=40, timeout=40.0, early=True)
+  assert Verdict.from_json(verdict.to_json(), 2) == verdict
