@@ -13,7 +13,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["wrapped", "signal_groups", "stop_process_groups", "why_it_cannot_start"]
+__all__ = ["wrapped", "signal_groups", "stop_process_groups", "why_it_cannot_start",
+           "stop_escaped"]
 
 _POLL_SECONDS = 0.05
 
@@ -154,3 +155,68 @@ def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float,
     except (ProcessLookupError, PermissionError):
       pass
   return running
+
+
+def _carrying(marker: bytes) -> list[int]:
+  """The processes whose environment holds `marker` (a ``NAME=value\\0``
+  entry), this one left out (Linux: /proc/PID/environ, readable for this
+  user's processes; elsewhere none)."""
+  found = []
+  try:
+    pids = [int(name) for name in os.listdir("/proc") if name.isdecimal()]
+  except OSError:
+    return found
+  me = os.getpid()
+  for pid in pids:
+    if pid == me:
+      continue
+    try:
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        if marker in f.read():
+          found.append(pid)
+    except OSError:
+      continue  # Gone, or another user's.
+  return found
+
+
+def stop_escaped(name: str, value: str, grace: float) -> list[int]:
+  """Stops the processes a run's clients left behind outside their process
+  groups: a data loader's worker that called ``setsid()``, a daemon. A
+  forked child keeps its parent's environment, so each still carries the
+  launcher's `name`=`value` (its run folder); SIGTERM, up to `grace`
+  seconds, then SIGKILL (a fork of a JAX client inherits JAX's SIGTERM
+  handler, which only records the notice).
+
+  Returns:
+    The process ids found.
+  """
+  marker = b"\0" + f"{name}={value}".encode() + b"\0"
+  pids = _carrying(marker)
+  for sig in (signal.SIGTERM, signal.SIGKILL):
+    for pid in pids:
+      try:
+        os.kill(pid, sig)
+      except (ProcessLookupError, PermissionError):
+        pass
+    deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 0)
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+      time.sleep(_POLL_SECONDS)
+  return pids
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+  except (OSError, IndexError):
+    return False

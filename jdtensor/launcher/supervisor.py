@@ -28,7 +28,7 @@ from jdtensor._report import (ClientEnd, Report, VerdictStack, describe_exit,
                               finished_clients, root_cause, stack_lines, summary)
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 from jdtensor.launcher.output import ClientLog, Output
-from jdtensor.launcher.processes import (signal_groups, stop_process_groups,
+from jdtensor.launcher.processes import (signal_groups, stop_escaped, stop_process_groups,
                                          why_it_cannot_start, wrapped)
 from jdtensor.launcher.spec import (Attempt, Failure, Interrupt,
                                     LaunchResult, LaunchSpec, worker_env)
@@ -36,6 +36,10 @@ from jdtensor.launcher.spec import (Attempt, Failure, Interrupt,
 __all__ = ["Signals", "run_attempt"]
 
 _POLL_SECONDS = 0.05
+# Seconds between SIGTERM and SIGKILL for a process a client left behind
+# outside its group once every client has ended (a forked worker inherits
+# JAX's SIGTERM handler, which only records a preemption notice).
+ESCAPED_GRACE = 1.0
 # Linux's limits on a new process's environment (MAX_ARG_STRLEN, one
 # variable; and a quarter of the default 8 MiB stack for all of them).
 _MAX_ARG_STRLEN = 128 * 1024
@@ -297,6 +301,7 @@ class _Supervisor:
                                 True, result.failed_at))
         break
       time.sleep(_POLL_SECONDS)
+    self._stop_escaped_output_holders()
     for t in self.readers:
       t.join(timeout=5)
     self._poll()
@@ -306,6 +311,17 @@ class _Supervisor:
     result.stopped = list(self.stopped)
     result.killed = list(self.killed)
     return result
+
+  def _stop_escaped_output_holders(self) -> None:
+    """Every client has ended, but a client's output is still open: a process
+    it started outside its process group (a data loader's worker that called
+    ``setsid()``) holds it. Stopped now (`ESCAPED_GRACE`), so that the run
+    ends with its clients rather than after the readers' time-out."""
+    for t in self.readers:
+      t.join(timeout=0.1)
+    if any(t.is_alive() for t in self.readers):
+      stop_escaped(_env.JDTENSOR_REPORT_DIR, self.report_dir,
+                   min(self.spec.grace, ESCAPED_GRACE))
 
   def _collect_verdict_stacks(self) -> list[int | None]:
     """Where each client was when its heartbeat named the verdict: waits up
@@ -442,6 +458,10 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
     for log in sup.logs.values():
       log.close()
     _status.unregister_run(sup.registration)
+    # A worker that left its client's process group (setsid) outlived the
+    # group's stop: found by the run folder its environment carries.
+    stop_escaped(_env.JDTENSOR_REPORT_DIR, sup.report_dir,
+                 min(spec.grace, ESCAPED_GRACE))
     shutil.rmtree(sup.report_dir, ignore_errors=True)
   if result.reason and not quiet:
     sup.output.line(result.reason)

@@ -9,10 +9,12 @@ ends is seen at once by the others' end of its connection.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -106,6 +108,21 @@ def _peer_open(sock: socket.socket) -> bool:
 
 
 
+def _close_in_child(links: weakref.ref[Links]) -> None:
+  """In a forked child: closes its copies of the links' sockets (never a
+  goodbye: the links are still this process's parent's)."""
+  owner = links()
+  if owner is None:
+    return
+  for sock in list(owner._sockets.values()):  # pylint: disable=protected-access
+    try:
+      os.close(sock.detach())
+    except OSError:
+      pass
+  owner._sockets.clear()  # pylint: disable=protected-access
+  owner._closing = True  # pylint: disable=protected-access
+
+
 class Links:
   """The rendezvous connections, kept open to notice a dead process at once.
 
@@ -164,6 +181,12 @@ class Links:
     self._send_lock = threading.Lock()
     self._carrier: Callable[[int, dict[str, object] | bytes], None] | None = None
     self._carried: list[tuple[int, dict[str, object] | bytes]] = []  # Before `carry`.
+    # A child forked from this process (a data loader's worker) must not keep
+    # the links open: a link that outlives this process's death hides it
+    # from every other client. The child closes its copies at once; this
+    # process's stay open (the connection ends when the last copy closes).
+    alive = weakref.ref(self)
+    os.register_at_fork(after_in_child=lambda: _close_in_child(alive))
 
   def descriptors(self) -> list[int]:
     """The file descriptors of the links' sockets (jdtensor's own traffic)."""

@@ -8,7 +8,10 @@ device and checks each result. At step 3, client 1 (or CULPRIT,
 or "all") raises, calls sys.exit, sleeps in its own code (a stuck data loader), holds
 the GIL in C for GIL_SECONDS, stops itself for STOP_SECONDS (a helper
 sends SIGCONT), or SIGKILLs itself while the others wait for it in the psum. It prints ``MISBEHAVING <unix time>`` first, so tests can
-time what follows.
+time what follows. With FORK_WORKER=fork (or setsid), the misbehaving
+client first starts a data loader's worker with multiprocessing's 'fork'
+start method (PyTorch's DataLoader and grain do), which sleeps (after
+``os.setsid()``: out of its parent's session), and prints ``WORKER <pid>``.
 """
 
 import ctypes
@@ -35,6 +38,21 @@ n, k, local = jax.process_count(), jax.process_index(), jax.local_device_count()
 bad = os.environ.get("CULPRIT", "1")
 bad = k if bad == "all" else int(bad)
 psum, x = psum_over_every_device()
+
+
+def data_loader_worker(setsid):
+  if setsid:
+    os.setsid()
+  time.sleep(600)
+
+
+if os.environ.get("FORK_WORKER") and k == bad:
+  import multiprocessing  # noqa: E402
+  worker = multiprocessing.get_context("fork").Process(
+      target=data_loader_worker, args=(os.environ["FORK_WORKER"] == "setsid",),
+      daemon=True)
+  worker.start()
+  print(f"WORKER {worker.pid}", flush=True)
 
 
 def next_batch(step):
