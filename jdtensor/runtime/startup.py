@@ -178,6 +178,29 @@ def _refuse_a_second_runtime(env: _env.ClusterEnv) -> None:
         "without DTENSOR_* set.")
 
 
+def _users_sigterm_handler() -> str | None:
+  """The program's own SIGTERM handler, by name, if it installed one."""
+  import signal  # pylint: disable=g-import-not-at-top
+  handler = signal.getsignal(signal.SIGTERM)
+  if not callable(handler) or handler is signal.default_int_handler:
+    return None
+  module = getattr(handler, "__module__", None) or "?"
+  return f"{module}.{getattr(handler, '__qualname__', repr(handler))}"
+
+
+def sigterm_handler_dropped(handler: str) -> str:
+  """The warning for a SIGTERM handler JAX's preemption notifier replaces."""
+  return (f"jdtensor: this program's SIGTERM handler ({handler}) will not run: "
+          "jax.distributed.initialize (which initialize_accelerator_system calls) starts "
+          "JAX's preemption notifier, which takes SIGTERM in C++ from then on, as in "
+          "any jax.distributed run (signal.getsignal still returns the handler). A "
+          "stop (jdtensor launch's, SLURM's, Kubernetes') is a preemption notice "
+          "instead: check multihost_utils.reached_preemption_sync_point(step), or "
+          "orbax's CheckpointManager.reached_preemption(step), in the loop and save "
+          "there (docs/guides/preemption.md); or set jax_enable_preemption_service "
+          "to False to keep the handler")
+
+
 def start_distributed(plan: StartupPlan, *, before_jax: Callable[[], None],
                       platform: str | None) -> Started:
   """Rendezvous, then ``jax.distributed.initialize``, then cross-checks, all
@@ -249,6 +272,7 @@ def start_distributed(plan: StartupPlan, *, before_jax: Callable[[], None],
         f"({timeouts.init:g} s, {_env.JDTENSOR_INIT_TIMEOUT}) before JAX's "
         "registration; raise it on every client.")
   host, port = bind
+  users_handler = _users_sigterm_handler()
   jax.distributed.initialize(
       coordinator_address=coordinator,
       num_processes=env.num_clients,
@@ -258,6 +282,9 @@ def start_distributed(plan: StartupPlan, *, before_jax: Callable[[], None],
       heartbeat_timeout_seconds=math.ceil(timeouts.coordination),
       shutdown_timeout_seconds=math.ceil(timeouts.shutdown),
       coordinator_bind_address=_wire.format_host_port(host, port))
+  if users_handler is not None and getattr(jax.config, "jax_enable_preemption_service",
+                                           True):
+    logging.warning("%s", sigterm_handler_dropped(users_handler))
   gloo_host = None if job_host is None else job_host[0]
   _bind_collectives_to_job_address(gloo_host, env.client_id)
   if jax.process_index() != env.client_id or jax.process_count() != env.num_clients:
