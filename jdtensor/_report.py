@@ -16,6 +16,7 @@ cause: it stalled, was frozen, never joined a collective).
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import time
@@ -29,7 +30,21 @@ _R = TypeVar("_R")
 
 __all__ = ["Reason", "Report", "ClientEnd", "RootCause", "root_cause", "summary",
            "describe_exit", "mark_finished", "finished_clients", "VerdictStack",
-           "stack_lines", "rate_text"]
+           "stack_lines", "rate_text", "printable"]
+
+# Characters a terminal acts on rather than shows (C0 but tab, DEL, C1): in
+# a client's text they could set the window title, clear the screen or hide
+# a line; shown escaped instead.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, newlines: bool = False) -> str:
+  """`text` with every control character shown escaped (``\\x1b``, ``\\x00``),
+  so that a line made of a client's text is only ever shown; `newlines`
+  keeps line breaks (a traceback)."""
+  pattern = _CONTROL_BUT_NEWLINE if newlines else _CONTROL
+  return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def rate_text(moved: float) -> str:
@@ -63,7 +78,7 @@ class Reason(NamedTuple):
   def heartbeat_line(self) -> str:
     """``heartbeat: <detail>[ (reported by client N)]``."""
     by = "" if self.reporter is None else f" (reported by client {self.reporter})"
-    return f"heartbeat: {self.detail}{by}"
+    return f"heartbeat: {printable(self.detail, newlines=True)}{by}"
 
 
 def mark_finished(directory: str, client: int) -> None:
@@ -316,7 +331,7 @@ def summary(what: str, stopped: Sequence[int] | None = None, *, node: int | None
   written as runs (``0, 2-299``).
   """
   head = "jdtensor launch" + (f" (node {node})" if node is not None else "")
-  text = f"{head}: {what}"
+  text = f"{head}: {printable(what)}"
   if stopped is not None:
     text += f"; stopped clients {ids_text(stopped) or 'none'}"
   if killed:
@@ -377,7 +392,7 @@ def stack_lines(clients: Sequence[int], stacks: Mapping[int, VerdictStack],
   for client in clients:
     record = stacks.get(client)
     if record is not None:
-      text = f"{record.where} ({record.phase})"
+      text = f"{printable(record.where)} ({record.phase})"
     elif client in ended:
       text = f"{describe_exit(ended[client])} (no stack: it ended first)"
     else:

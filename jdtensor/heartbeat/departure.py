@@ -58,6 +58,7 @@ from typing import Any, NamedTuple
 
 from jdtensor import _jaxlib_texts
 from jdtensor._monitoring import claim_tool, release_tool
+from jdtensor._report import printable
 
 __all__ = ["AFTER_EXIT_HANDLERS", "Departure", "ExitGuard", "FLUSH_DEADLINE",
            "SystemExitWatch",
@@ -98,7 +99,7 @@ EXCEPTION_SHOWN = 1000
 def describe_exception(error: BaseException) -> str:
   """``Type: first line of the message (file:line in function)``."""
   lines = str(error).strip().splitlines()
-  first = lines[0] if lines else ""
+  first = printable(lines[0]) if lines else ""
   if len(first) > EXCEPTION_SHOWN:  # Cut between words: it travels in one frame.
     first = first[:EXCEPTION_SHOWN].rsplit(" ", 1)[0] + " ..."
   text = f"{type(error).__name__}: {first}" if first else type(error).__name__
@@ -107,7 +108,8 @@ def describe_exception(error: BaseException) -> str:
     tb = tb.tb_next
   if tb is not None:
     code = tb.tb_frame.f_code
-    text += f" ({code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name})"
+    text += printable(f" ({code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in "
+                      f"{code.co_name})")
   return text
 
 

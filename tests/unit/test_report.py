@@ -5,7 +5,7 @@ import pytest
 
 from jdtensor._ids import ids_text
 from jdtensor._report import (ClientEnd, Reason, Report, VerdictStack, finished_clients,
-                              mark_finished, root_cause, stack_lines, summary)
+                              mark_finished, printable, root_cause, stack_lines, summary)
 
 ZDE = "ZeroDivisionError: division by zero (train.py:42 in step)"
 
@@ -194,3 +194,27 @@ def test_who_answered_is_read_from_the_names_alone(tmp_path):
   assert VerdictStack.answered(str(tmp_path)) == {3, 5}
   assert finished_clients(str(tmp_path)) == {2}
   assert VerdictStack.answered(str(tmp_path / "gone")) == set()
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("plain text, é and a\ttab", "plain text, é and a\ttab"),
+    ("\x1b]0;TITLE\x07", "\\x1b]0;TITLE\\x07"),  # Sets a terminal's window title.
+    ("\x1b[2J\x1b[H", "\\x1b[2J\\x1b[H"),  # Clears the screen.
+    ("a\x00b\x7fc\x9bd", "a\\x00b\\x7fc\\x9bd"),  # NUL, DEL, a C1 CSI.
+    ("one\ntwo\r", "one\\x0atwo\\x0d"),  # One line stays one line.
+])
+def test_a_clients_text_is_shown_escaped(text, shown):
+  assert printable(text) == shown
+  assert printable(shown) == shown  # Escaping twice changes nothing.
+  assert Reason(text, (1,)).heartbeat_line() == "heartbeat: " + printable(text, newlines=True)
+  assert summary(f"client 1 failed: {text}", []) == (
+      f"jdtensor launch: client 1 failed: {shown}; stopped clients none")
+
+
+def test_an_exceptions_description_is_escaped():
+  from jdtensor.heartbeat.departure import describe_exception
+  try:
+    raise RuntimeError("bad \x1b[2J\x00 end\nsecond line")
+  except RuntimeError as e:
+    text = describe_exception(e)
+  assert text.startswith("RuntimeError: bad \\x1b[2J\\x00 end (test_report.py:"), text
