@@ -79,6 +79,36 @@ class _Conn:
   hello: PeerHello | None = None
 
 
+# Refused start-up connections logged one by one, a minute.
+REFUSALS_LOGGED = 5
+
+
+class _LogBudget:
+  """At most `lines` log lines a `window` of seconds; past that, one line
+  with the count (`said`, with the count and the window) when the window
+  ends or the budget is closed."""
+
+  def __init__(self, lines: int, window: float, said: str):
+    self.lines, self.window, self.said = lines, window, said
+    self.started: float | None = None
+    self.used = self.dropped = 0
+
+  def allow(self, now: float) -> bool:
+    if self.started is None or now - self.started >= self.window:
+      self.flush()
+      self.started, self.used = now, 0
+    if self.used < self.lines:
+      self.used += 1
+      return True
+    self.dropped += 1
+    return False
+
+  def flush(self) -> None:
+    if self.dropped:
+      logging.warning(self.said, self.dropped, self.window)
+      self.dropped = 0
+
+
 class _Server:
   """Client 0's side: serves every connection at once, refuses bad peers."""
 
@@ -100,11 +130,19 @@ class _Server:
     self.gpu_users: dict[str, tuple[int, GpuIdentity]] = {
         gpu.key: (0, gpu) for gpu in me.gpus}
     self.problem = ""
+    self.refusals = _LogBudget(REFUSALS_LOGGED, 60.0, (
+        "jdtensor: client 0 refused %d more start-up connections in the last %.0f s "
+        "(not each logged)"))
+    # Clients that connected with another secret: client -> what was said.
+    self.secret_mismatch: dict[int, str] = {}
 
   def _refuse(self, conn: _Conn, reason: str, told: str | None = None) -> None:
-    """Drops a connection, with one log line here and `told` to the peer."""
-    logging.warning("jdtensor: client 0 refused a start-up connection from %s: %s",
-                    conn.peer, reason)
+    """Drops a connection, with one log line here (at most `REFUSALS_LOGGED`
+    a minute, then a count: anyone who reaches the port could fill the log)
+    and `told` to the peer."""
+    if self.refusals.allow(time.monotonic()):
+      logging.warning("jdtensor: client 0 refused a start-up connection from %s: %s",
+                      conn.peer, reason)
     if told is not None:
       send(conn.sock, {"error": told})
     self._close(conn)
@@ -182,6 +220,21 @@ class _Server:
                    told="malformed handshake")
       return
     if run != self.run:
+      claimed = frame.get("client")
+      if (frame.get("jobs") == jobs_digest(self.me.jobs) and type(claimed) is int  # pylint: disable=unidiomatic-typecheck
+          and 0 < claimed < self.me.num_clients):
+        # The same DTENSOR_JOBS, another secret: said at once on both sides
+        # (client 0 goes on waiting: an unauthenticated peer cannot end the
+        # run, but its time-out names the cause).
+        detail = (f"client {claimed} connected with a different "
+                  f"JDTENSOR_RUN_SECRET (from {conn.peer}; the same DTENSOR_JOBS): set "
+                  "the same JDTENSOR_RUN_SECRET on every client")
+        self.secret_mismatch.setdefault(claimed, detail)
+        self._refuse(conn, detail, told=(
+            f"client 0 has a different JDTENSOR_RUN_SECRET than this client "
+            f"({claimed}) (the same DTENSOR_JOBS): set the same JDTENSOR_RUN_SECRET "
+            "on every client"))
+        return
       self._refuse(conn, f"a client of another run (run id {run or 'none'}) "
                    "connected; refused",
                    told=f"this is client 0 of another run (run id "
@@ -250,11 +303,14 @@ class _Server:
       now = time.monotonic()
       remaining = deadline - now
       if remaining <= 0:
+        missing = self._missing()
+        mismatched = [self.secret_mismatch[c] for c in missing
+                      if c in self.secret_mismatch]
         message = (
             f"Client 0 waited {timeout:g} s (the init timeout) at the "
             f"coordinator DTENSOR_JOBS[0]={self.coordinator!r} for client(s) "
-            f"{clients_text(self._missing())}, which never connected. "
-            + START_EVERY_CLIENT)
+            f"{clients_text(missing)}, which never connected. "
+            + (f"{'; '.join(mismatched[:3])}." if mismatched else START_EVERY_CLIENT))
         for conn in list(self.peers.values()):  # They would wait on in vain.
           send(conn.sock, {"error": message, "timeout": True})
         raise StartupTimeoutError(message)
@@ -275,6 +331,7 @@ class _Server:
     for conn in list(self.conns.values()):
       if conn.sock not in keep:
         self._close(conn)
+    self.refusals.flush()
     self.selector.close()
     self.listener.close()
 

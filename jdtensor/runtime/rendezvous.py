@@ -147,8 +147,11 @@ def _handshake(me: Hello, secret: str | None, coordinator: str,
         "JDTENSOR_RUN_SECRET on every client.")
   # A client 0 of another run refuses us by name in its answer (and logs it).
   my_nonce = os.urandom(32).hex()
+  # Which client of which DTENSOR_JOBS this is (a digest): a client 0 of
+  # the same jobs with another run id then knows the secrets differ.
   send(sock, {"jdtensor": PROTOCOL, "run": mine, "nonce": my_nonce,
-               "proof": handshake_proof(secret, "client", nonce, my_nonce, mine)})
+               "proof": handshake_proof(secret, "client", nonce, my_nonce, mine),
+               "jobs": jobs_digest(me.jobs), "client": me.client_id})
   reply = frame()
   if not hmac.compare_digest(str(reply.get("proof", "")),
                              handshake_proof(secret, "server", my_nonce, nonce)):

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from jdtensor import _wire
-from jdtensor.runtime import rendezvous
+from jdtensor.runtime import host, rendezvous
 from tests.faults.test_faults import (assert_clean, assert_no_leftovers,
                                       error_line, jobs, run_env_case)
 from tests.helpers import (CLIENT, REPO, clean_env, cluster_env, finish,
@@ -124,6 +124,29 @@ def test_a_silent_connection_is_dropped_after_2s_with_a_log_line():
   assert elapsed < 15
 
 
+def test_many_refused_connections_are_logged_a_few_lines_a_minute():
+  """Anyone who reaches client 0's start-up port could fill its log, a line a
+  connection: a few are logged, the rest counted."""
+  socks = []
+
+  def crowd(port):
+    for _ in range(200):
+      socks.append(socket.create_connection(("127.0.0.1", port)))
+    time.sleep(2.5)  # Each is dropped after 2 s of silence.
+  try:
+    (r0, r1), elapsed = neighbour_then_client_1(crowd)
+  finally:
+    for s in socks:
+      s.close()
+  assert r0.returncode == 0 and r1.returncode == 0, (r0, r1)
+  lines = re.findall(r"refused a start-up connection from", r0.stderr)
+  assert len(lines) == host.REFUSALS_LOGGED, r0.stderr
+  counted = re.search(r"jdtensor: client 0 refused (\d+) more start-up connections in "
+                      r"the last 60 s \(not each logged\)", r0.stderr)
+  assert counted and int(counted.group(1)) == 200 - host.REFUSALS_LOGGED, r0.stderr
+  assert elapsed < 20
+
+
 def test_an_oversized_line_is_refused_at_once():
   def flood(port):
     with socket.create_connection(("127.0.0.1", port)) as s:
@@ -158,7 +181,9 @@ def test_a_forged_client_without_the_secret_is_refused():
 def test_a_client_of_another_run_is_refused_by_name():
   js = jobs(2)
   env0 = cluster_env(js, 0)
-  stranger = cluster_env(js, 1, JDTENSOR_RUN_SECRET="another run " * 3)
+  # Another run: its own DTENSOR_JOBS, which shares client 0's address.
+  stranger = cluster_env([js[0], f"localhost:{free_port()}"], 1,
+                         JDTENSOR_RUN_SECRET="another run " * 3)
   procs = start_clients("init_only", [env0])
   try:
     assert listening(int(js[0].rsplit(":", 1)[1]))
@@ -178,6 +203,37 @@ def test_a_client_of_another_run_is_refused_by_name():
                f"this is client 0 of another run (run id {mine}; this client's is "
                f"{theirs}): the runs share an address. Give each run its own "
                "DTENSOR_JOBS ports and JDTENSOR_RUN_SECRET.")
+
+
+def test_clients_with_different_secrets_are_told_so_at_once():
+  """The same DTENSOR_JOBS, another JDTENSOR_RUN_SECRET: client 1 is told at
+  once, client 0 says it at once and its time-out names it (it goes on
+  waiting: an unauthenticated peer cannot end a run)."""
+  js = jobs(2)
+  env0 = cluster_env(js, 0, JDTENSOR_INIT_TIMEOUT="8")
+  other = cluster_env(js, 1, JDTENSOR_RUN_SECRET="a different secret " * 3)
+  procs = start_clients("init_only", [env0])
+  try:
+    assert listening(int(js[0].rsplit(":", 1)[1]))
+    started = time.monotonic()
+    [r1] = finish(start_clients("init_only", [other]), timeout=30)
+    told_in = time.monotonic() - started
+    [r0] = finish(procs, timeout=60)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert_clean(r1, "ERROR StartupError: Client 1: start-up refused by client 0: client 0 "
+               "has a different JDTENSOR_RUN_SECRET than this client (1) (the same "
+               "DTENSOR_JOBS): set the same JDTENSOR_RUN_SECRET on every client")
+  assert told_in < 15, told_in  # Its own start-up, then at once.
+  said = re.search(r"client 1 connected with a different JDTENSOR_RUN_SECRET \(from "
+                   r"\S+; the same DTENSOR_JOBS\): set the same JDTENSOR_RUN_SECRET on "
+                   r"every client", r0.stderr)
+  assert said, r0.stderr
+  assert r0.returncode == 1 and "StartupTimeoutError" in r0.stdout, r0
+  assert ("which never connected. client 1 connected with a different "
+          "JDTENSOR_RUN_SECRET") in r0.stdout, r0.stdout
 
 
 @pytest.mark.parametrize("who", [0, 1], ids=["client-0-has-one", "client-1-has-one"])
