@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from jdtensor import _jaxlib_texts
@@ -159,29 +160,59 @@ def say(stream: IO[str], text: str) -> None:
 
 class ClientLog:
   """One client's log file (`jdtensor launch --log-dir`): its stdout and
-  stderr as it wrote them, in the order they came; safe from both pumps."""
+  stderr as it wrote them, in the order they came; safe from both pumps.
 
-  def __init__(self, path: str, header: str):
+  A write that fails (a full disk, a quota) loses the log, never the run:
+  `failed` then says from when and why, `on_failure` is called once (the
+  launcher says so on the console), and the pumps send what follows to the
+  console.
+  """
+
+  def __init__(self, path: str, header: str,
+               on_failure: Callable[[ClientLog], None] | None = None):
     self.path = path
     self._lock = threading.Lock()
-    self._file: IO[str] | None = open(path, "a", encoding="utf-8", errors="replace")
+    self.failed: str | None = None  # "from 12:00:01 (its error)" once a write failed.
+    self._on_failure = on_failure
+    self._file: IO[str] | None = None
+    try:
+      self._file = open(path, "a", encoding="utf-8", errors="replace")
+    except OSError as e:
+      self._fail(e)
+      return
     self.write(header + "\n")
 
   def write(self, text: str) -> None:
+    error = None
     with self._lock:
       if self._file is None:
         return
       try:
         self._file.write(text)
         self._file.flush()
-      except OSError:
-        self._file = None  # A full disk loses the log, never the run.
+      except OSError as e:
+        error = e
+        self._drop()
+    if error is not None:
+      self._fail(error)
+
+  def _drop(self) -> None:
+    file, self._file = self._file, None
+    try:
+      if file is not None:
+        file.close()
+    except OSError:
+      pass  # What it still held is lost with the rest.
+
+  def _fail(self, error: OSError) -> None:
+    self.failed = (f"from {time.strftime('%H:%M:%S')} on "
+                   f"({error.strerror or type(error).__name__})")
+    if self._on_failure is not None:
+      self._on_failure(self)
 
   def close(self) -> None:
     with self._lock:
-      if self._file is not None:
-        self._file.close()
-        self._file = None
+      self._drop()
 
 
 class Output:
@@ -195,10 +226,11 @@ class Output:
     self.closed = False  # Set when writing our output failed.
 
   def pump(self, client: int, pipe: IO[bytes], sink: IO[str] | None,
-           log: ClientLog | None = None) -> None:
+           log: ClientLog | None = None, fallback: IO[str] | None = None) -> None:
     """Copies one client's `pipe` to `sink` (None: nowhere), each line
     tagged with the client (a line longer than `MAX_SEGMENT` bytes as
-    several), and to `log` as it came."""
+    several), and to `log` as it came; once `log` cannot be written, to
+    `fallback` where `sink` is None (``--log-only``: nothing is lost)."""
     prefix = f"[client {client}] "
     noise_until = 0.0  # Fragments of a gloo notice may follow it.
     # A repaired line (as it came, whether a notice came just before, its
@@ -230,6 +262,8 @@ class Output:
         line = raw.decode(errors="replace")
         if log is not None:
           log.write(line + end)
+          if sink is None and log.failed is not None:
+            sink = fallback
         if sink is None:
           continue
         end = end or "\n"  # A piece of a long line: a tagged line of its own.

@@ -12,6 +12,7 @@ function of what the clients wrote and how they ended.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -117,14 +118,22 @@ class _Supervisor:
             self.log_path(client),
             f"==== jdtensor launch: client {client}, attempt "
             f"{self.attempt.restart_count + 1}, pid {proc.pid}, "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====")
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====",
+            on_failure=functools.partial(self._log_failed, client))
       console = not (self.spec.log_only and log is not None)
       for pipe, sink in ((proc.stdout, self.output.out), (proc.stderr, self.output.err)):
         t = threading.Thread(target=self.output.pump,
-                             args=(client, pipe, sink if console else None, log),
+                             args=(client, pipe, sink if console else None, log, sink),
                              daemon=True)
         t.start()
         self.readers.append(t)
+
+  def _log_failed(self, client: int, log: ClientLog) -> None:
+    """Said once on the console, by the pump whose write failed first."""
+    where = ("goes to the console instead" if self.spec.log_only
+             else "is on the console only")
+    self.output.line(f"jdtensor launch: cannot write client {client}'s log {log.path} "
+                     f"{log.failed}: its output from then on {where}")
 
   def log_path(self, client: int) -> str:
     """Client `client`'s log file (with --log-dir)."""
@@ -272,7 +281,12 @@ class _Supervisor:
                                    key=lambda f: self.exit_times.get(f[0], 0.0))]
         what = failure.what
         if failure.client in self.logs:
-          what += f" (its log: {self.log_path(failure.client)})"
+          log = self.logs.get(failure.client)
+          if log is not None and log.failed is not None:
+            what += (f" (its log, {self.log_path(failure.client)}, could not be "
+                     f"written {log.failed}: see the console)")
+          else:
+            what += f" (its log: {self.log_path(failure.client)})"
         result.reason = self.summary(what, stopped, also)
         result.exit_code = exit_code
         break
