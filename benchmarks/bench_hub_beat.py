@@ -76,7 +76,7 @@ def driver(n: int, port: int) -> None:
     if line.strip() != "go":
       break
     row = encode_binary(ROW_FRAME.pack(ord("R"), beat, 0 if beat == 0 else TOKEN, 0,
-                                       RUNNING, 37, 3))
+                                       RUNNING, 37, 3, 0))
     for sock in socks:
       sock.sendall(row)
     beat += 1

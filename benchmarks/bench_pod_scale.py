@@ -24,10 +24,17 @@ Per N, two runs at the default period (2 s):
    clients there share one GIL, so this is a bound), in % of one core.
 4. Detection: the failing client's process is SIGKILLed; seconds until the
    last survivor has named it (its verdict, just before its exit). A second
-   run: the failing client stalls (its own code, idle, while every other
-   client waits in a collective) with a 4 s stall time-out; seconds from
-   the time-out to the last survivor's verdict (verdicts come at beats, so
-   this is up to a period).
+   run: once every client beats, the failing client stalls (its own code,
+   idle, while every other client waits in a collective) with a 4 s stall
+   time-out; seconds from the time-out to the last survivor's verdict
+   (verdicts come at beats, so this is up to a period, then the staller's
+   stack shared through client 0).
+
+A simulated client is as faithful to a real one as a thread can be: it
+records its own thread's stack at a verdict (a real process holds its own
+few threads, not a thousand clients'), and its heartbeat's log lines (to
+/dev/null here) are left out below errors, so that a thousand threads do
+not queue on one log handler's lock.
 
 The last line: ``pod scale: N clients: detection X s, client 0 heartbeat Y%
 of a core, Z bytes a beat at client 0`` for the largest N.
@@ -41,12 +48,14 @@ and the other clients' CPU are bounds, not estimates.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import resource
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,17 +99,22 @@ def _open_files() -> int:
 
 
 class _StandInRecorder:
-  """What JAX's main thread would show: one phase since `since` (wall time)."""
+  """What JAX's main thread would show: one phase since `since` (wall time;
+  None: the phase has not begun, so a client has been in it 0 s)."""
   at_exit, joined = False, True
 
-  def __init__(self, phase: int, since: float):
+  def __init__(self, phase: int, since: float | None):
     self.phase, self.since = phase, since
 
-  def sample(self, busy: float = 0.0, idle_percent: float = 0.0) -> tuple[int, float]:
-    return self.phase, time.time() - self.since
+  def sample(self, busy: float = 0.0, idle_percent: float = 0.0,
+             moving: bool = False) -> tuple[int, float]:
+    return self.phase, 0.0 if self.since is None else max(0.0, time.time() - self.since)
 
   def where(self) -> str:
     return "bench_pod_scale.py (stand-in main thread)"
+
+  def where_in_program(self) -> str:
+    return self.where()
 
 
 class _StandInExchange(LinkExchange):
@@ -128,16 +142,31 @@ class _Hooks(ProcessHooks):
   def cpu_seconds(self) -> float:
     return 0.0  # Idle: the stand-in main thread does nothing.
 
+  def thread_stacks(self) -> str:
+    # A real client's process holds its own few threads; a worker here holds
+    # a thousand clients' threads, so a client records only its own: the
+    # beat thread that names the verdict.
+    return "".join(traceback.format_stack())
+
 
 def worker(n: int, port: int, mine: list[int], mode: str) -> None:
   """Clients `mine` of `n` as threads. Commands on stdin: ``go`` meets
   client 0 (one ``GO`` line per client, then ``MET``); ``beat T`` starts
   every client's heartbeat (the failing client, n - 1, stalls from wall
   time T in mode ``stall``; ``BEATING`` once every first exchange is done);
+  ``stall T`` (mode ``stall``): the failing client stalls, and the others
+  wait, from wall time T (sent once every client beats, so that the stall
+  time-out is timed from the steady state, not from a first exchange that
+  a thousand threads on one GIL take their time over: ``STALLING``);
   ``report`` prints each client's verdict (``V client time culprits``);
   end of input ends the process."""
   soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
   resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+  # Each real client writes its heartbeat's lines to its own stderr; here a
+  # thousand clients would queue on one handler's lock to write them to
+  # /dev/null (the worker's stderr), and a watchdog starved of the GIL by a
+  # thousand threads warns that its process paused: errors only.
+  logging.getLogger("jdtensor").setLevel(logging.ERROR)
   threading.stack_size(256 * 1024)
   jobs = _jobs(n, port)
   settings = (("DTENSOR_JOB_NAME", "worker"),)
@@ -167,6 +196,7 @@ def worker(n: int, port: int, mine: list[int], mode: str) -> None:
   print("READY", flush=True)
   verdicts: dict[int, tuple[float, list[int]]] = {}
   beats = []
+  recorders: list[_StandInRecorder] = []
   for line in sys.stdin:
     command = line.split()
     if command[0] == "go":
@@ -175,6 +205,10 @@ def worker(n: int, port: int, mine: list[int], mode: str) -> None:
         t.join(TIMEOUT + 10)
       print("\n".join(results[c] for c in mine if c in results), flush=True)
       print("MET", flush=True)
+    elif command[0] == "stall":
+      for recorder in recorders:
+        recorder.since = float(command[1])
+      print("STALLING", flush=True)
     elif command[0] == "beat":
       since = float(command[1])
       hb_settings = HeartbeatSettings(
@@ -185,9 +219,10 @@ def worker(n: int, port: int, mine: list[int], mode: str) -> None:
           phase = RUNNING if c == n - 1 else WAITING
         links = meetings[c].links
         exchange = _StandInExchange(c, n, links, ACK_EVERY)
+        recorder = _StandInRecorder(phase, None if mode == "stall" else since)
+        recorders.append(recorder)
         hb = Heartbeat(hb_settings, c, n, exchange=exchange,
-                       peers=links, process=_Hooks(c, verdicts),
-                       recorder=_StandInRecorder(phase, since))
+                       peers=links, process=_Hooks(c, verdicts), recorder=recorder)
         links.watch(hb)
         hb.start_threads()
         beats.append(hb)
@@ -328,7 +363,9 @@ def heartbeat_run(n: int, processes: int, mode: str, cpu_beats: int = CPU_BEATS
       lines = _verdicts(workers, killed, 30.0)
       start = killed
     else:
-      start = since + STALL_TIMEOUT
+      stalled = time.time()
+      workers.tell(f"stall {stalled:.6f}", "STALLING")
+      start = stalled + STALL_TIMEOUT
       time.sleep(max(0.0, start - time.time()) + 2 * PERIOD)
       lines = _verdicts(workers, start, 30.0 + 2 * PERIOD)
     named = [x for x in lines if x[0] == "V" and x[3] == str(n - 1)]
@@ -336,7 +373,9 @@ def heartbeat_run(n: int, processes: int, mode: str, cpu_beats: int = CPU_BEATS
     if wrong or len(named) != n - 1:
       raise RuntimeError(f"{n} clients, {mode}: {len(named)} of {n - 1} survivors "
                          f"named client {n - 1}; others named: {wrong[:3]}")
-    out["detection"] = max(float(x[2]) for x in named) - start
+    times = sorted(float(x[2]) - start for x in named)
+    out["detection"] = times[-1]
+    out["detection_first"], out["detection_median"] = times[0], times[len(times) // 2]
   finally:
     workers.close()
   return out
@@ -372,7 +411,7 @@ def beat(n: int) -> tuple[int, int, float, float]:
   for b in range(1 + ACK_EVERY):  # The first beat, then a round.
     links.sent = 0
     token = 0 if b == 0 else 4242
-    row = encode_binary(ROW_FRAME.pack(ord("R"), b, token, 0, RUNNING, 37, 3))
+    row = encode_binary(ROW_FRAME.pack(ord("R"), b, token, 0, RUNNING, 37, 3, 0))
     row_bytes = len(row)
     frames = [Frames(lenient=True, binary=True) for _ in range(1, n)]
     started = time.thread_time()

@@ -35,7 +35,7 @@ from jdtensor.heartbeat import failures, wording
 from jdtensor.heartbeat.failures import Failure
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.meetings import JoinedQuestion
-from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, Recorder, format_stacks
+from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, Recorder
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.watchdog import Watchdog
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
@@ -501,7 +501,7 @@ class Heartbeat:
     where = self.recorder.where_in_program()
     if where is None:
       phase, where = AT_EXIT, "its script has ended (in jdtensor's exit handling)"
-    return phase, where, format_stacks()
+    return phase, where, self._process.thread_stacks()
 
   def _show_stacks(self) -> None:
     """Where this client was at the verdict (every client shows its own): as

@@ -42,6 +42,7 @@ DEFAULTS = {"JDTENSOR_HEARTBEAT_PERIOD": "2", "JDTENSOR_STUCK_TIMEOUT": "60",
             "JDTENSOR_COORDINATION_TIMEOUT": "100"}
 PAUSE = "75"  # Longer than the floor (60 s): an idle pause this long is named.
 NAMED_WITHIN = 90.0
+FLOOR = 60.0
 # The steady loop: 0.5 s steps, 0.4 s of them a data load; the misbehaviour
 # begins 30 s into it (the rhythm is shown in about 20 s).
 STEADY = {"STEP_SECONDS": "0.4", "MISBEHAVE_AFTER": "30"}
@@ -165,7 +166,10 @@ def test_no_false_kill_and_every_hang_named_at_the_defaults(shape, shapes):
                       r"time-out 60 s, learnt from this run: 5 x its longest idle "
                       r"pause, [\d.]+ s, at least 60 s; ", text, re.M)
   assert summary, text[-3000:]
-  assert after < NAMED_WITHIN, (after, text[-3000:])
+  # At the floor (60 s), the verdict at a beat (2 s periods) and the clients'
+  # exit, with 18 processes on 2 cores.
+  assert FLOOR <= after < FLOOR + 2 * 2 + 8, (after, text[-3000:])
+  assert after < NAMED_WITHIN
 
 
 def test_the_shapes_leave_nothing_behind(shapes):
