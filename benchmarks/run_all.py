@@ -89,13 +89,14 @@ SECTIONS = {  # key -> (title, intro)
                  "`python benchmarks/bench_verdicts.py`: 4 clients, period 0.5 s, "
                  "1 and 2 devices per client, results kept or read as temporaries "
                  "(the waiting rows); seconds from the misbehaviour to the end."),
-    "hang": ("Hang triage: the learnt stall time-out",
+    "hang": ("Hang triage: the learnt stall time-out, and the pauses never named",
              "`python benchmarks/bench_hang_triage.py --baseline`: the heartbeat's "
-             "defaults (period 2 s, floor 30 s, JDTENSOR_STALL_TIMEOUT 300 s), "
+             "defaults (period 2 s, floor 60 s, JDTENSOR_STALL_TIMEOUT 300 s), "
              "1 CPU device per client, a loop of 1 s steps (an idle data load, "
              "then a psum or a coordination-service barrier); client 1 "
-             "misbehaves 40 s in. Seconds from the misbehaviour to the "
-             "launcher's return; one run each (the bound is the figure)."),
+             "misbehaves 40 s in (or, in the set-up case, right after a "
+             "barrier). Seconds from the misbehaviour to the launcher's "
+             "return; one run each (the bound is the figure)."),
     "faults": ("Fault and bad-input suite",
                "Each case runs in fresh processes with a hard deadline and "
                "asserts a clear error, a bounded time and no leftover process."),

@@ -70,8 +70,9 @@ def test_learning_off_is_the_set_time_out_exactly(learn):
     assert "learnt" not in reason, reason
     # Its seconds in its own code count from the first beat that saw it
     # there, which in a fast loop may be a step or more before the stall.
-    assert re.search(r"stalled: main thread in \S+ next_batch <- \S+ <module> for \d+ s "
-                     r"while client 0 waits in a collective; ", reason), reason
+    assert re.search(r"stalled: main thread in \S+ next_batch <- \S+ <module> for \d+ s, "
+                     r"idle \(\d+% of a core, \d+ B/s read or written\), while client 0 "
+                     r"waits in a collective; ", reason), reason
     assert 12 <= after < 12 + 2 * 0.5 + 4, (after, err)
 
 

@@ -61,7 +61,7 @@ SHAPES = {
 NEEDS_MONITORING = {"hang between service barriers"}
 
 
-class _TrickleServer:
+class TrickleServer:
   """Accepts one upload at a time and reads 64 KiB/s of it (a slow link)."""
 
   def __init__(self) -> None:
@@ -112,7 +112,7 @@ def _launch(env, log):
 def shapes(tmp_path_factory):
   """{shape: (exit code, output, seconds from the misbehaviour to the end)}."""
   wanted = [s for s in SHAPES if sys.version_info >= (3, 12) or s not in NEEDS_MONITORING]
-  server = _TrickleServer()
+  server = TrickleServer()
   folder = tmp_path_factory.mktemp("shapes")
   runs = {}
   try:

@@ -253,8 +253,24 @@ def test_a_wrong_secret_is_refused_and_client_0_keeps_waiting():
   jobs = cluster(2)
   out = meet([hello(jobs, 0), hello(jobs, 1)], [SECRET, "x" * 32], timeout=2)
   assert isinstance(out[1], StartupError)
-  assert "start-up refused by client 0: this is client 0 of another run" in str(out[1])
+  # The same DTENSOR_JOBS: the secrets differ, said on both sides.
+  assert str(out[1]) == (
+      "Client 1: start-up refused by client 0: client 0 has a different "
+      "JDTENSOR_RUN_SECRET than this client (1) (the same DTENSOR_JOBS): set the same "
+      "JDTENSOR_RUN_SECRET on every client")
   assert isinstance(out[0], StartupTimeoutError)  # Still waiting for the real one.
+  assert "which never connected. client 1 connected with a different " in str(out[0])
+
+
+def test_a_client_of_another_run_is_refused_as_such():
+  jobs = cluster(2)
+  other = cluster(2)  # Another run's DTENSOR_JOBS, pointed at the same client 0.
+  other = (jobs[0],) + tuple(other[1:])
+  out = meet([hello(jobs, 0), hello(other, 1)], [SECRET, "x" * 32], timeout=2)
+  assert isinstance(out[1], StartupError)
+  assert "start-up refused by client 0: this is client 0 of another run" in str(out[1])
+  assert isinstance(out[0], StartupTimeoutError)
+  assert "different JDTENSOR_RUN_SECRET" not in str(out[0])
 
 
 def test_settings_that_differ_are_named_with_both_values():
