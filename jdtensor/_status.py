@@ -37,7 +37,7 @@ from jdtensor._report import rate_text
 __all__ = ["REQUEST_SECONDS", "runs_dir", "register_run", "unregister_run",
            "running_runs", "request_status", "status_requested", "write_status",
            "read_statuses", "write_waits", "read_waits", "format_status",
-           "wait_summary", "PHASE_NAMES"]
+           "wait_summary", "PHASE_NAMES", "process_alive", "stall_line", "nan_row"]
 
 # Clients keep answering for this long after the last request.
 REQUEST_SECONDS = 10.0
@@ -112,7 +112,8 @@ def unregister_run(path: str | None) -> None:
       pass
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+  """Whether process `pid` exists (another user's counts)."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
@@ -153,7 +154,7 @@ def running_runs() -> list[dict[str, Any]]:
     record = _read_json(path)
     if record is None or not isinstance(record.get("pid"), int):
       continue
-    if not _alive(record["pid"]):
+    if not process_alive(record["pid"]):
       # A launcher that was SIGKILLed left it, and its report folder.
       _remove_report_dir(record.get("report_dir"))
       unregister_run(path)

@@ -12,7 +12,8 @@
 #    here; JAX dropped 3.11 with 0.11): the pure, single-process and start-up
 #    tests, and the multi-client tests that touch each private JAX symbol or
 #    depend on the Python version (start-up, the heartbeat on the liveness
-#    links, failure verdicts, JAX's own view, the launcher, jdtensor.testing).
+#    links, failure verdicts, no false kill and forked workers, JAX's own
+#    view, the launcher, jdtensor.testing).
 #    The full suite passes there too (measured; see CONTRIBUTING.md,
 #    "Supported JAX versions"), but twice the full suite would not fit CI's
 #    30 minutes on 2 cores.
@@ -160,7 +161,10 @@ run_oldest() {
     tests/multiprocess/test_failure_modes.py tests/multiprocess/test_device_count.py \
     tests/multiprocess/test_heartbeat.py tests/multiprocess/test_jaxlib_texts.py \
     tests/multiprocess/test_launcher.py tests/multiprocess/test_testing.py \
-    "tests/multiprocess/test_hang_triage.py::test_every_clients_stack_is_under_the_verdict"
+    "tests/multiprocess/test_hang_triage.py::test_every_clients_stack_is_under_the_verdict" \
+    tests/multiprocess/test_no_false_kill.py tests/multiprocess/test_forked_worker.py \
+    tests/multiprocess/test_users_signal_handler.py tests/multiprocess/test_client_text.py \
+    tests/multiprocess/test_log_dir_full.py
 }
 
 run_integration() {

@@ -13,6 +13,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from jdtensor._status import process_alive
+
 __all__ = ["wrapped", "signal_groups", "stop_process_groups", "why_it_cannot_start",
            "stop_escaped"]
 
@@ -205,13 +207,7 @@ def stop_escaped(name: str, value: str, grace: float) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return not _zombie(pid)
+  return process_alive(pid) and not _zombie(pid)
 
 
 def _zombie(pid: int) -> bool:
