@@ -370,12 +370,16 @@ def heartbeat_run(n: int, processes: int, mode: str, cpu_beats: int = CPU_BEATS
       lines = _verdicts(workers, start, 30.0 + 2 * PERIOD)
     named = [x for x in lines if x[0] == "V" and x[3] == str(n - 1)]
     wrong = [x for x in lines if x[0] == "V" and x[3] != str(n - 1)]
-    if wrong or len(named) != n - 1:
+    if wrong or not named:
       raise RuntimeError(f"{n} clients, {mode}: {len(named)} of {n - 1} survivors "
                          f"named client {n - 1}; others named: {wrong[:3]}")
     times = sorted(float(x[2]) - start for x in named)
-    out["detection"] = times[-1]
+    # Every survivor, or as many as named it while the driver asked (the
+    # harness's own bound: a thousand client threads share one GIL).
+    out["named"] = len(named)
+    out["detection"] = times[-1] if len(named) == n - 1 else float("nan")
     out["detection_first"], out["detection_median"] = times[0], times[len(times) // 2]
+    out["detection_last_named"] = times[-1]
   finally:
     workers.close()
   return out
@@ -424,6 +428,18 @@ def beat(n: int) -> tuple[int, int, float, float]:
   return row_bytes, links.largest, float(np.mean(sent[1:])), float(np.median(cpu))
 
 
+def _detection(run: dict[str, Any], n: int) -> str:
+  """The last survivor's seconds, with the first's and the median's; or how
+  many survivors named the culprit while the driver asked."""
+  if "named" not in run:
+    return "-"
+  first, median = run["detection_first"], run["detection_median"]
+  if run["named"] == n - 1:
+    return f"{run['detection']:.2f} ({first:.2f} / {median:.2f})"
+  return (f"{run['named']} of {n - 1} in {run['detection_last_named']:.0f} s "
+          f"({first:.2f} / {median:.2f})")
+
+
 def main(argv: list[str] | None = None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--clients", default="256,1024,4096")
@@ -442,19 +458,20 @@ def main(argv: list[str] | None = None) -> str:
           "bytes a client sends a beat | bytes of an outcome | "
           "bytes client 0 sends a beat (mean) | client 0 CPU a beat (ms) | "
           "client 0 heartbeat % of a core | other clients % (mean) | "
-          "SIGKILL detection s | stall detection s after the time-out |",
+          "SIGKILL detection s, last survivor (first / median) | stall detection s "
+          "after the time-out, last survivor (first / median) |",
           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   last = ""
   for n in (int(x) for x in args.clients.split(",")):
     kill = heartbeat_run(n, args.processes, "kill", args.cpu_beats)
     stall = (heartbeat_run(n, args.processes, "stall") if args.stall == "on"
-             else {"detection": float("nan")})
+             else {})
     seconds, cpu, fds = kill["startup"]
     sends, outcome, zero_sends, beat_cpu = beat(n)
     rows.append(f"| {n} | {seconds:.2f} | {cpu:.2f} | {fds} | {sends} | {outcome} | "
                 f"{zero_sends:.0f} | {beat_cpu * 1e3:.1f} | {kill['client0_cpu']:.2f} | "
-                f"{kill['other_cpu']:.3f} | {kill['detection']:.2f} | "
-                f"{stall['detection']:.2f} |")
+                f"{kill['other_cpu']:.3f} | {_detection(kill, n)} | "
+                f"{_detection(stall, n)} |")
     print(rows[-1], flush=True)
     last = (f"pod scale: {n} clients: detection {kill['detection']:.2f} s, client 0 "
             f"heartbeat {kill['client0_cpu']:.2f}% of a core, {zero_sends:.0f} bytes a "

@@ -43,7 +43,11 @@ def test_the_pod_scale_benchmark_at_small_sizes():
   for r in rows:
     n, fds = int(r[0][2:]), int(r[3])
     sends, receives, zero_sends = int(r[4]), int(r[5]), int(r[6])
-    zero_cpu, other_cpu, killed, stalled = (float(v.strip(" |")) for v in r[8:12])
+    zero_cpu, other_cpu = (float(v.strip(" |")) for v in r[8:10])
+    # The last survivor's seconds, then (the first's / the median's).
+    killed, stalled = (float(v.strip(" |").split()[0]) for v in r[10:12])
+    assert all(re.fullmatch(r"[0-9.]+ \([0-9.]+ / [0-9.]+\)", v.strip(" |"))
+               for v in r[10:12]), text
     assert fds >= n - 1, text  # Client 0 holds a link per client.
     assert (sends, receives) == (25, 12), text  # A row in, an outcome out.
     # Without news, an outcome to every client every ACK_EVERY beats.
