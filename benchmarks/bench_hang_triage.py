@@ -29,8 +29,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.helpers import launch_clients  # noqa: E402
-from tests.multiprocess.test_no_false_kill import TrickleServer  # noqa: E402
+from tests.helpers import TrickleServer, launch_clients  # noqa: E402
 
 CLIENT = os.path.join(ROOT, "tests", "multiprocess", "hang_client.py")
 DEFAULTS = {"JDTENSOR_HEARTBEAT_PERIOD": "2", "JDTENSOR_STUCK_TIMEOUT": "60",

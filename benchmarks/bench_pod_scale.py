@@ -101,7 +101,7 @@ def _open_files() -> int:
 class _StandInRecorder:
   """What JAX's main thread would show: one phase since `since` (wall time;
   None: the phase has not begun, so a client has been in it 0 s)."""
-  at_exit, joined = False, True
+  at_exit, joined, active = False, True, True
 
   def __init__(self, phase: int, since: float | None):
     self.phase, self.since = phase, since

@@ -129,7 +129,7 @@ class Heartbeat:
     # the liveness links: client 0's decides for everyone).
     self.decider = Decider(num_clients, self.exit_grace,
                            StallTimeout(self.stall_timeout, settings.stall_floor,
-                                        settings.stall_learn, self.period),
+                                        settings.stall_learn),
                            WaitLedger(num_clients, settings.straggler_window,
                                       settings.straggler_threshold, self.period),
                            self._process.clock)
@@ -307,7 +307,7 @@ class Heartbeat:
                                             moving=moved >= MOVING_BYTES_PER_SECOND)
       row = Row(self.client_id, self.token, stop, phase, seconds, int(busy),
                 self._joined.answer(phase, seconds), moved=moved,
-                active=getattr(self.recorder, "active", True))
+                active=self.recorder.active)
       self.own_state = (int(phase), *row.clamped, row.moved_slot)
       outcome = self._timed_exchange(row)
       if outcome is None:

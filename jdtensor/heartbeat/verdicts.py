@@ -31,8 +31,7 @@ from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "Decider", "judge",
-           "StallTimeout", "STALL_SAFETY_FACTOR", "STALL_WARM_UP_BEATS",
-           "STALL_RHYTHM_STEPS", "IDLE_PERCENT", "MOVING_BYTES_PER_SECOND", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
+           "StallTimeout", "STALL_SAFETY_FACTOR", "STALL_RHYTHM_STEPS", "IDLE_PERCENT", "MOVING_BYTES_PER_SECOND", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
            "FIRST_TOKENS", "to_ranges", "from_ranges"]
 
 # A client that waits in a collective counts as blocked only while its process
@@ -49,14 +48,11 @@ MOVING_BYTES_PER_SECOND = 4096
 # step's idle part varies, and a pause five times the longest the run has
 # shown is not its rhythm.
 STALL_SAFETY_FACTOR = 5.0
-# Beats the run is watched, every client past its set-up, before the learnt
-# time-out applies: the first steps (compilation, warming caches) teach
-# nothing.
-STALL_WARM_UP_BEATS = 10
 # Steps seen (a client that waited at one beat no longer waits at the next:
 # a meeting ended) before the run has shown its rhythm. A pause that began
 # before that is judged by the ceiling: a set-up after a barrier, or a slow
-# first step, is not a rhythm.
+# first step, is not a rhythm (and the first steps, compilation and warming
+# caches, teach nothing). A step takes a beat at least.
 STALL_RHYTHM_STEPS = 10
 # The phase slot's bit that says a client has not joined a collective yet
 # (above every phase).
@@ -408,9 +404,8 @@ class StallTimeout:
   itself.
 
   The run has shown its rhythm once every client is past its set-up (it
-  met the others: the beat's joined bits), the run has been watched
-  `STALL_WARM_UP_BEATS` beats since, and `STALL_RHYTHM_STEPS` steps were
-  seen: periods at whose end every client's main thread had run since the
+  met the others: the beat's joined bits) and `STALL_RHYTHM_STEPS` steps
+  were seen since: periods at whose end every client's main thread had run since the
   last step (the rows' active bits; a client blocked in a load or a
   collective for a whole period has not). A pause that began before that is
   judged by the ceiling, however long the run waits in it: a set-up after a
@@ -426,16 +421,12 @@ class StallTimeout:
     ceiling: ``JDTENSOR_STALL_TIMEOUT`` (0: no stall verdicts at all).
     floor: ``JDTENSOR_STALL_FLOOR``.
     learn: ``JDTENSOR_STALL_LEARN``.
-    period: The heartbeat's period (kept for the callers' symmetry; the
-      rhythm is counted in beats and steps, never in seconds).
   """
 
-  def __init__(self, ceiling: float, floor: float = 0.0, learn: bool = False,
-               period: float = 1.0):
-    del period
+  def __init__(self, ceiling: float, floor: float = 0.0, learn: bool = False):
     self.ceiling, self.floor = float(ceiling), min(float(floor), float(ceiling))
     self.learn = learn and ceiling > 0 and self.floor < self.ceiling
-    self.watched = 0  # Beats watched since every client was past its set-up.
+    self.watching = False  # Every client has been past its set-up.
     self.steps = 0  # Steps seen since then (see the class docstring).
     self._ran: np.ndarray | None = None  # Clients whose main thread ran since the last.
     self.longest: float | None = None  # The longest pause over, after the rhythm.
@@ -445,7 +436,7 @@ class StallTimeout:
   @property
   def warmed_up(self) -> bool:
     """Whether the run has shown its rhythm."""
-    return self.watched >= STALL_WARM_UP_BEATS and self.steps >= STALL_RHYTHM_STEPS
+    return self.steps >= STALL_RHYTHM_STEPS
 
   @property
   def learnt(self) -> bool:
@@ -480,9 +471,9 @@ class StallTimeout:
               moved: np.ndarray | None = None) -> None:
     """Takes one merged beat's states (`active`: the rows' active bits;
     None: every client ran)."""
-    if not self.learn or (self.watched == 0 and not bool(joined.all())):
+    if not self.learn or (not self.watching and not bool(joined.all())):
       return
-    self.watched += 1
+    self.watching = True
     ran = np.ones(len(phases), bool) if active is None else np.asarray(active, bool)
     self._ran = ran if self._ran is None else (self._ran | ran)
     if bool(self._ran.all()):

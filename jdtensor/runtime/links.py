@@ -108,21 +108,6 @@ def _peer_open(sock: socket.socket) -> bool:
 
 
 
-def _close_in_child(links: weakref.ref[Links]) -> None:
-  """In a forked child: closes its copies of the links' sockets (never a
-  goodbye: the links are still this process's parent's)."""
-  owner = links()
-  if owner is None:
-    return
-  for sock in list(owner._sockets.values()):  # pylint: disable=protected-access
-    try:
-      os.close(sock.detach())
-    except OSError:
-      pass
-  owner._sockets.clear()  # pylint: disable=protected-access
-  owner._closing = True  # pylint: disable=protected-access
-
-
 class Links:
   """The rendezvous connections, kept open to notice a dead process at once.
 
@@ -185,8 +170,19 @@ class Links:
     # the links open: a link that outlives this process's death hides it
     # from every other client. The child closes its copies at once; this
     # process's stay open (the connection ends when the last copy closes).
-    alive = weakref.ref(self)
-    os.register_at_fork(after_in_child=lambda: _close_in_child(alive))
+    close = weakref.WeakMethod(self._close_in_forked_child)
+    os.register_at_fork(after_in_child=lambda: (close() or (lambda: None))())
+
+  def _close_in_forked_child(self) -> None:
+    """In a forked child: closes its copies of the links' sockets (never a
+    goodbye: the links are still the parent's)."""
+    for sock in list(self._sockets.values()):
+      try:
+        os.close(sock.detach())
+      except OSError:
+        pass
+    self._sockets.clear()
+    self._closing = True
 
   def descriptors(self) -> list[int]:
     """The file descriptors of the links' sockets (jdtensor's own traffic)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -180,7 +181,6 @@ def _refuse_a_second_runtime(env: _env.ClusterEnv) -> None:
 
 def _users_sigterm_handler() -> str | None:
   """The program's own SIGTERM handler, by name, if it installed one."""
-  import signal  # pylint: disable=g-import-not-at-top
   handler = signal.getsignal(signal.SIGTERM)
   if not callable(handler) or handler is signal.default_int_handler:
     return None

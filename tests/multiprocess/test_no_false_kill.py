@@ -23,17 +23,15 @@ they show), then each case checks its own:
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from jdtensor.errors import OWN_FAILURE_EXIT_CODE
 from jdtensor.launcher.processes import stop_process_groups
-from tests.helpers import REPO, clean_env
+from tests.helpers import REPO, TrickleServer, clean_env
 
 pytestmark = pytest.mark.multiprocess
 
@@ -59,46 +57,6 @@ SHAPES = {
                                        **STEADY}, True),
 }
 NEEDS_MONITORING = {"hang between service barriers"}
-
-
-class TrickleServer:
-  """Accepts one upload at a time and reads 64 KiB/s of it (a slow link)."""
-
-  def __init__(self) -> None:
-    self.sock = socket.create_server(("127.0.0.1", 0))
-    self.sock.settimeout(0.5)
-    self.port = self.sock.getsockname()[1]
-    self.received = 0
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._serve, daemon=True)
-    self._thread.start()
-
-  def _serve(self) -> None:
-    while not self._stop.is_set():
-      try:
-        conn, _ = self.sock.accept()
-      except OSError:
-        continue
-      with conn:
-        conn.settimeout(0.5)
-        # A small receive buffer, so that the sender waits on the link.
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-        while not self._stop.is_set():
-          try:
-            chunk = conn.recv(6554)  # 64 KiB/s at 10 reads a second.
-          except TimeoutError:
-            continue
-          except OSError:
-            break
-          if not chunk:
-            break
-          self.received += len(chunk)
-          time.sleep(0.1)
-
-  def close(self) -> None:
-    self._stop.set()
-    self._thread.join(5)
-    self.sock.close()
 
 
 def _launch(env, log):

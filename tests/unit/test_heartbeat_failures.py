@@ -41,7 +41,7 @@ CASES = [
      "read or written), while clients 0, 2 "
      "wait in a collective"),
     ("stalled, learnt", failures.stalled(LEARNT, 0, 2, "t.py:5 f",
-                                         StallTimeout(300.0, 30.0, True, 2.0)),
+                                         StallTimeout(300.0, 30.0, True)),
      (1,), PEER, True, failures.CULPRIT_EXIT_GRACE,
      wording.stalled(1, "t.py:5 f", 35, [0], timeout=30.0, learnt=0.8, floor=30.0,
                      ceiling=300.0).detail),

@@ -175,6 +175,7 @@ def beat(period, policy, me, n, exchange=None, **kwargs):
 
 class Recorder:
   """A scripted main thread: `phase` and `seconds` are what the beat says."""
+  active = True  # Its main thread ran (each beat is a step).
 
   def __init__(self, where="train.py:10 step"):
     self.phase, self.seconds, self.at_exit, self._where = RUNNING, 0.0, False, where

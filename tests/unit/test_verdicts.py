@@ -222,8 +222,8 @@ def _beats(pattern):
              np.ones(2, bool))
 
 
-def _learnt(pattern, ceiling=300.0, floor=30.0, learn=True, period=2.0):
-  stall = StallTimeout(ceiling, floor, learn, period)
+def _learnt(pattern, ceiling=300.0, floor=30.0, learn=True):
+  stall = StallTimeout(ceiling, floor, learn)
   for beat in _beats(pattern):
     stall.observe(*beat)
   return stall
@@ -282,7 +282,7 @@ def test_learning_off_keeps_the_set_time_out():
 
 
 def test_a_stall_under_a_learnt_time_out_says_so():
-  d = Decider(2, 3.0, StallTimeout(300.0, 5.0, True, 1.0),
+  d = Decider(2, 3.0, StallTimeout(300.0, 5.0, True),
               WaitLedger(2, 4.0, 30.0, 1.0), lambda: 100.0)
   d.first(merged([Row(0, 7, False, R, 0, 0, first=True), Row(1, 0, False, R, 0, 0, first=True)], 2))
 
@@ -322,7 +322,7 @@ def test_a_client_that_moves_bytes_is_not_idle(moved, stalled):
 
 
 def test_a_pause_that_began_before_the_rhythm_is_named_at_the_ceiling_and_says_so():
-  d = Decider(2, 3.0, StallTimeout(40.0, 5.0, True, 1.0),
+  d = Decider(2, 3.0, StallTimeout(40.0, 5.0, True),
               WaitLedger(2, 4.0, 30.0, 1.0), lambda: 100.0)
   d.first(merged([Row(0, 7, False, R, 0, 0, first=True),
                   Row(1, 7, False, R, 0, 0, first=True)], 2))
