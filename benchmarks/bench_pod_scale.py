@@ -32,9 +32,12 @@ Per N, two runs at the default period (2 s):
 
 A simulated client is as faithful to a real one as a thread can be: it
 records its own thread's stack at a verdict (a real process holds its own
-few threads, not a thousand clients'), and its heartbeat's log lines (to
-/dev/null here) are left out below errors, so that a thousand threads do
-not queue on one log handler's lock.
+few threads, not a thousand clients'); its heartbeat's log lines (to
+/dev/null here) are left out below errors and its verdict's line to stderr
+is discarded, so that a thousand threads do not queue on one handler's or
+stream's lock; and a worker's GIL switch interval is 0.2 s, so that a
+thousand threads woken at once do not each wake every 5 ms to ask for the
+GIL (`SWITCH_INTERVAL`).
 
 The last line: ``pod scale: N clients: detection X s, client 0 heartbeat Y%
 of a core, Z bytes a beat at client 0`` for the largest N.
@@ -84,6 +87,11 @@ ACK_EVERY = ack_every_for(PERIOD, HeartbeatSettings().stuck_timeout)
 # Beats over which the heartbeat's CPU is measured: two whole rounds of
 # outcomes, so that the figure is a beat's mean.
 CPU_BEATS = 2 * ACK_EVERY
+# Seconds after a failure (or a stall's time-out) before the driver first
+# asks the workers for verdicts.
+QUIET = 3 * PERIOD
+# Each worker's GIL switch interval (seconds; CPython's default is 5 ms).
+SWITCH_INTERVAL = 0.2
 # Seconds one run (its start-up, beats and verdicts) may take in all before
 # its workers are killed: no read of a worker's output waits for ever.
 RUN_DEADLINE = 2 * TIMEOUT + 300.0
@@ -149,6 +157,16 @@ class _Hooks(ProcessHooks):
     return "".join(traceback.format_stack())
 
 
+class _Discarded:
+  """A stream that keeps nothing, and has no lock to queue on."""
+
+  def write(self, text: str) -> int:
+    return len(text)
+
+  def flush(self) -> None:
+    pass
+
+
 def worker(n: int, port: int, mine: list[int], mode: str) -> None:
   """Clients `mine` of `n` as threads. Commands on stdin: ``go`` meets
   client 0 (one ``GO`` line per client, then ``MET``); ``beat T`` starts
@@ -167,7 +185,18 @@ def worker(n: int, port: int, mine: list[int], mode: str) -> None:
   # /dev/null (the worker's stderr), and a watchdog starved of the GIL by a
   # thousand threads warns that its process paused: errors only.
   logging.getLogger("jdtensor").setLevel(logging.ERROR)
+  # The line a survivor writes at its verdict goes to its own stderr in a
+  # real run; here a thousand threads would queue on one stream's lock.
+  sys.stderr = _Discarded()
   threading.stack_size(256 * 1024)
+  # CPython wakes every thread waiting for the GIL once a switch interval to
+  # ask for it: a thousand client threads woken at once by a verdict, at the
+  # default 5 ms, are some 200,000 futex wake-ups a second, nearly all the
+  # system time of a run (a SIGKILL at 2,048 clients reached the last
+  # survivor in 7.6 s, not 0.5 s). A real client holds a few threads, and
+  # every one here blocks within microseconds, so a longer interval changes
+  # whom the GIL goes to next, not what any client does.
+  sys.setswitchinterval(SWITCH_INTERVAL)
   jobs = _jobs(n, port)
   settings = (("DTENSOR_JOB_NAME", "worker"),)
   start = threading.Event()
@@ -329,9 +358,14 @@ def startup(workers: _Workers) -> tuple[float, float, int]:
 
 
 def _verdicts(workers: _Workers, after: float, wait: float) -> list[list[str]]:
-  """Every survivor's verdict line, asking until all are in or `wait` s."""
+  """Every survivor's verdict line, asking until all are in or `wait` s
+  after `after`. The first question waits `QUIET` s past `after`: each
+  answer is a thousand lines from a worker's main thread, which would take
+  the GIL from the clients still coming to their verdicts (each client
+  notes its verdict's time itself, so asking later changes no figure)."""
   survivors = workers.procs[:1] + workers.procs[2:]
-  deadline = time.time() + wait
+  time.sleep(max(0.0, after + QUIET - time.time()))
+  deadline = after + wait
   while True:
     lines = workers.tell("report", "END", survivors)
     if len(lines) >= workers.n - 1 or time.time() > deadline:
@@ -360,14 +394,13 @@ def heartbeat_run(n: int, processes: int, mode: str, cpu_beats: int = CPU_BEATS
       out["other_cpu"] = 100.0 * sum(used[2:]) / wall / max(others, 1)
       killed = time.time()
       workers.procs[1].kill()
-      lines = _verdicts(workers, killed, 30.0)
+      lines = _verdicts(workers, killed, QUIET + 30.0)
       start = killed
     else:
       stalled = time.time()
       workers.tell(f"stall {stalled:.6f}", "STALLING")
       start = stalled + STALL_TIMEOUT
-      time.sleep(max(0.0, start - time.time()) + 2 * PERIOD)
-      lines = _verdicts(workers, start, 30.0 + 2 * PERIOD)
+      lines = _verdicts(workers, start, QUIET + 30.0)
     named = [x for x in lines if x[0] == "V" and x[3] == str(n - 1)]
     wrong = [x for x in lines if x[0] == "V" and x[3] != str(n - 1)]
     if wrong or not named:

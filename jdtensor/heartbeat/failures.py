@@ -89,7 +89,7 @@ def stalled(verdict: Verdict, me: int, num_clients: int, where: str,
   """The staller (whose main thread is in `where`) is the root cause; it
   ends itself, so the others wait for its exit."""
   staller = verdict.culprits[0]
-  waiters = [c for c in range(num_clients) if c != staller]
+  waiters = [*range(staller), *range(staller + 1, num_clients)]
   return Failure(wording.stalled(staller, where, verdict.seconds, waiters,
                                  timeout=verdict.timeout, learnt=verdict.learnt,
                                  floor=stall.floor, ceiling=stall.ceiling,

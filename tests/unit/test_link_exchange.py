@@ -18,7 +18,7 @@ from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
 from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.protocol import Heartbeat
 from jdtensor.heartbeat.stragglers import WaitLedger
-from jdtensor.heartbeat.verdicts import (EARLY_EXIT, OUT_OF_SYNC, Decider, Outcome,
+from jdtensor.heartbeat.verdicts import (EARLY_EXIT, OUT_OF_SYNC, STALLED, Decider, Outcome,
                                          Row, Verdict)
 from jdtensor.runtime.links import Links
 
@@ -247,6 +247,30 @@ def test_a_beat_costs_each_client_the_same_few_bytes_at_any_scale(n):
     assert outcome == Outcome(beat, TOKEN)
     assert links.sent == [(12, n - 1)]
     links.sent.clear()
+
+
+def test_a_stall_is_told_to_the_staller_before_every_other_client():
+  """The others wait for the stack the staller shares once it has the
+  verdict: it hears first, then everyone else once."""
+  n, staller = 6, 4
+  sent = []
+
+  class Recording(_CountingLinks):
+    def send(self, message, to=None, skip=()):
+      sent.append((to, tuple(skip)))
+
+  links = Recording(n)
+  exchange = LinkExchange(0, n, links)
+  judge = decider(n)
+  stall = Verdict(STALLED, (staller,), seconds=9, waiting=(0, 1, 2, 3, 5), timeout=4.0)
+  judge.decide = lambda merged: Outcome(1, TOKEN, verdict=stall)
+  exchange.open(judge)
+  for beat in range(2):
+    row = ROW_FRAME.pack(ord("R"), beat, 0 if beat == 0 else TOKEN, 0, RUNNING, 5, 1, 0)
+    for c in range(1, n):
+      links.carrier(c, row)
+    exchange.beat(dataclasses.replace(rows_of(1, beat)[0], client=0))
+  assert sent == [(None, ()), (staller, ()), (None, (staller,))]
 
 
 def test_links_closed_before_their_watch_starts_end_it_quietly(monkeypatch):

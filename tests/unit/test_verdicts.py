@@ -4,6 +4,8 @@ the links: test_link_exchange.py)."""
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jdtensor._wire import Frames, encode, encode_binary
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
@@ -182,6 +184,21 @@ def test_ranges_round_trip():
   assert from_ranges([[0, 2], [5, 7]], 8) == [0, 1, 2, 5, 6, 7]
   with pytest.raises(ValueError):
     from_ranges([[3, 1]], 8)
+
+
+def _runs_one_id_at_a_time(clients):
+  out = []
+  for c in sorted(set(clients)):
+    if out and c == out[-1][1] + 1:
+      out[-1][1] = c
+    else:
+      out.append([c, c])
+  return out
+
+
+@given(st.lists(st.integers(0, 300), max_size=200))
+def test_ranges_are_the_runs_of_the_sorted_distinct_ids(clients):
+  assert to_ranges(clients) == _runs_one_id_at_a_time(clients)
 
 
 def test_frames_mix_json_lines_and_binary_beats_across_reads():
