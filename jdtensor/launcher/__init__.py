@@ -69,12 +69,23 @@ def launch(spec: LaunchSpec, out: IO[str] | None = None,
   out = out or sys.stdout
   err = err or sys.stderr
   base = os.environ if env is None else env
-  spec = spec.resolved(base)
-  assert spec.num_clients is not None  # `resolved` counts a GPU node's clients.
-  _limits.ensure_launch_capacity(spec.num_clients, spec.num_clients * spec.nnodes,
-                                 runs_client_0=spec.node_rank == 0,
-                                 picks_ports=spec.port is None)
+  spec = startable(spec, base)
   with Signals(Interrupt()) as signals:
     if spec.nnodes == 1 and spec.max_restarts == 0:
       return run_attempt(spec, Attempt.local(spec), out, err, base, signals)
     return nodes.run(spec, out, err, base, signals)
+
+
+def startable(spec: LaunchSpec, env: Mapping[str, str]) -> LaunchSpec:
+  """`spec` made concrete for this node (`LaunchSpec.resolved`), once this
+  machine is known to be able to start its clients.
+
+  Raises:
+    ConfigError: As `launch`; nothing was started.
+  """
+  spec = spec.resolved(env)
+  assert spec.num_clients is not None  # `resolved` counts a GPU node's clients.
+  _limits.ensure_launch_capacity(spec.num_clients, spec.num_clients * spec.nnodes,
+                                 runs_client_0=spec.node_rank == 0,
+                                 picks_ports=spec.port is None)
+  return spec

@@ -67,6 +67,10 @@ class _Supervisor:
       (another node failed), or None.
     on_failure: Told at once when a local client fails (before the others
       are stopped), so that other nodes stop too.
+    timeout_at: Polled while the clients run, in place of `spec.timeout`:
+      (the monotonic time the run times out at, the time-out in seconds to
+      name), or None for no time-out now (`jdtensor.testing`'s warm
+      clusters: each test has its own).
   """
 
   def __init__(self, spec: LaunchSpec, out: IO[str], err: IO[str],
@@ -74,7 +78,8 @@ class _Supervisor:
                interrupt: Interrupt | None = None,
                stop_request: Callable[[], str | None] | None = None,
                on_failure: Callable[[Failure], None] | None = None,
-               started: float | None = None):
+               started: float | None = None,
+               timeout_at: Callable[[], tuple[float, float] | None] | None = None):
     self.spec = spec
     self.attempt = attempt
     self.ids = list(attempt.client_ids)
@@ -96,6 +101,7 @@ class _Supervisor:
     self.logs: dict[int, ClientLog] = {}  # By client id, with --log-dir.
     # Lines under the summary: each client's main thread at the verdict.
     self.stack_lines: list[str] = []
+    self.timeout_at = timeout_at
 
   def start(self) -> None:
     # `jdtensor status` finds the run here (this user's, this machine's).
@@ -244,8 +250,11 @@ class _Supervisor:
 
   def run(self) -> LaunchResult:
     result = LaunchResult(client_ids=list(self.ids))
-    deadline = (time.monotonic() + self.spec.timeout
-                if self.spec.timeout is not None else None)
+    timeout_at = self.timeout_at
+    if timeout_at is None:
+      limit = self.spec.timeout
+      at = None if limit is None else time.monotonic() + limit
+      timeout_at = lambda: None if at is None else (at, limit)  # noqa: E731
     while True:
       codes = self._poll()
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
@@ -304,14 +313,14 @@ class _Supervisor:
         result.reason = self.summary(why, stopped)
         result.exit_code = PEER_FAILURE_EXIT_CODE
         break
-      if deadline is not None and time.monotonic() > deadline:
+      timeout = timeout_at()
+      if timeout is not None and time.monotonic() > timeout[0]:
         self._dump_stacks_before_stopping()
         stopped = self.stop_all()
-        result.reason = self.summary(f"timed out after {self.spec.timeout:g} s",
-                                     stopped)
+        result.reason = self.summary(f"timed out after {timeout[1]:g} s", stopped)
         result.exit_code = LAUNCH_TIMEOUT_EXIT_CODE
         result.failed_at = time.time()
-        self.on_failure(Failure(None, f"timed out after {self.spec.timeout:g} s",
+        self.on_failure(Failure(None, f"timed out after {timeout[1]:g} s",
                                 True, result.failed_at))
         break
       time.sleep(_POLL_SECONDS)
@@ -427,14 +436,17 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
                 env: Mapping[str, str], signals: Signals,
                 stop_request: Callable[[], str | None] | None = None,
                 on_failure: Callable[[Failure], None] | None = None,
-                quiet: bool = False) -> LaunchResult:
+                quiet: bool = False,
+                timeout_at: Callable[[], tuple[float, float] | None] | None = None
+                ) -> LaunchResult:
   """Runs this node's clients once, to the end; see `launch`.
 
   Args:
     quiet: Do not write the summary line (the caller words it).
+    timeout_at: In place of `spec.timeout` (see `_Supervisor`).
   """
   sup = _Supervisor(spec, out, err, env, attempt, signals.interrupt,
-                    stop_request, on_failure)
+                    stop_request, on_failure, timeout_at=timeout_at)
   signals.current = sup
   try:
     try:

@@ -314,6 +314,34 @@ class Runtime:
       self.state.auto_mesh_names += 1
       return name
 
+  def test_checkpoint(self) -> tuple[dict[str, Any], dict[str, list[Any]], int]:
+    """What a test body on a warm cluster (`jdtensor.testing`) may change
+    here and in ``jax.config``, for `restore_test_checkpoint`."""
+    import jax  # pylint: disable=g-import-not-at-top
+    with self._lock:
+      return (dict(jax.config.values), dict(self.state.tpu_meshes),
+              self.state.auto_mesh_names)
+
+  def restore_test_checkpoint(
+      self, checkpoint: tuple[dict[str, Any], dict[str, list[Any]], int]) -> list[str]:
+    """Puts back `test_checkpoint`'s values: the next test sees what a fresh
+    client would (mesh names from ``mesh_0`` again). Returns the
+    ``jax.config`` values that cannot be set back (why the cluster must go)."""
+    import jax  # pylint: disable=g-import-not-at-top
+    config, meshes, names = checkpoint
+    failed = []
+    with self._lock:
+      self.state.tpu_meshes = dict(meshes)
+      self.state.auto_mesh_names = names
+      now = jax.config.values
+      for name, value in config.items():
+        if name in now and now[name] != value:
+          try:
+            jax.config.update(name, value)
+          except Exception as e:  # pylint: disable=broad-except
+            failed.append(f"jax.config {name} could not be set back to {value!r}: {e}")
+    return failed
+
   def record_peer_failure(self, error: Exception) -> None:
     """Keeps a heartbeat failure to raise at the next jdtensor call."""
     with self._lock:

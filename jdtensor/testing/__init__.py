@@ -39,6 +39,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -50,7 +51,7 @@ from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, PEER_FAILURE_EXIT_CODE, Co
 from jdtensor.testing import _transport
 
 __all__ = ["multi_client", "run_in_multi_client", "MultiClientTestError",
-           "MultiClientOptions", "DEFAULT_TIMEOUT"]
+           "MultiClientOptions", "DEFAULT_TIMEOUT", "WarmClusterRetired"]
 
 DEFAULT_TIMEOUT = 120.0
 # At most this many clients: each is a full JAX process.
@@ -93,6 +94,7 @@ class MultiClientOptions:
   timeout: float | None = None
   device_type: str = "CPU"
   env: Mapping[str, str] | None = None
+  fresh: bool = False
 
   def __post_init__(self) -> None:
     for name, low, high in (("num_clients", 1, MAX_CLIENTS),
@@ -106,6 +108,8 @@ class MultiClientOptions:
                          f"got {value!r}.")
     if self.timeout is not None:
       _check_timeout("timeout", self.timeout)
+    if not isinstance(self.fresh, bool):
+      raise ValueError(f"multi_client: fresh must be True or False, got {self.fresh!r}.")
     if not isinstance(self.device_type, str) or (
         self.device_type.upper() not in DEVICE_TYPES):
       raise ValueError(f"multi_client: device_type must be 'CPU', 'GPU' or 'TPU', "
@@ -157,12 +161,15 @@ def run_in_multi_client(fn: Callable[..., Any], num_clients: int = 2,
                         kwargs: Mapping[str, Any] | None = None,
                         device_type: str = "CPU",
                         timeout: float | None = None,
-                        env: Mapping[str, str] | None = None) -> list[Any]:
-  """Runs ``fn(*args, **kwargs)`` in `num_clients` fresh client processes.
+                        env: Mapping[str, str] | None = None,
+                        fresh: bool = False) -> list[Any]:
+  """Runs ``fn(*args, **kwargs)`` in `num_clients` client processes.
 
   Each client has ``DTENSOR_*`` set and ``initialize_accelerator_system(
   device_type)`` called (with `devices_per_client` simulated CPU devices for
-  CPU), as under ``jdtensor launch``.
+  CPU), as under ``jdtensor launch``. The clients are a warm cluster's
+  (started by the first run of the same shape and kept, see the module
+  docstring) unless `fresh`.
 
   Args:
     fn: The body: a function (module-level, nested or a lambda). Its module
@@ -182,6 +189,8 @@ def run_in_multi_client(fn: Callable[..., Any], num_clients: int = 2,
       client still running prints its stacks and is stopped. Default
       `DEFAULT_TIMEOUT`.
     env: Extra environment variables for the clients.
+    fresh: Start new client processes for this run, and end them after it
+      (a test of start-up itself, of exit codes, of a killed client).
 
   Returns:
     Each client's return value, in client order (``jax.Array`` values as
@@ -197,14 +206,14 @@ def run_in_multi_client(fn: Callable[..., Any], num_clients: int = 2,
   """
   __tracebackhide__ = True  # pylint: disable=unused-variable
   options = MultiClientOptions(num_clients, devices_per_client, timeout,
-                               device_type, env)
+                               device_type, env, fresh)
   return _run(fn, tuple(args), dict(kwargs or {}), options)
 
 
 def multi_client(num_clients: int | Callable[..., Any] = 2,
                  devices_per_client: int | None = None, timeout: float | None = None,
                  device_type: str = "CPU",
-                 env: Mapping[str, str] | None = None) -> Any:
+                 env: Mapping[str, str] | None = None, fresh: bool = False) -> Any:
   """Runs the decorated pytest test's body in `num_clients` client processes.
 
   ``@multi_client`` alone uses the defaults. The test passes only if every
@@ -222,11 +231,13 @@ def multi_client(num_clients: int | Callable[..., Any] = 2,
       `DEFAULT_TIMEOUT` (120).
     device_type: ``CPU``, ``GPU`` or ``TPU``.
     env: Extra environment variables for the clients.
+    fresh: New client processes for this test alone (see
+      `run_in_multi_client`); by default a warm cluster's.
   """
   if callable(num_clients) and not isinstance(num_clients, int):
     return multi_client()(num_clients)  # Used bare: @multi_client.
   options = MultiClientOptions(num_clients, devices_per_client, timeout,
-                               device_type, env)
+                               device_type, env, fresh)
 
   def decorate(fn: _F) -> _F:
     if not inspect.isfunction(fn):
@@ -276,16 +287,16 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
   if file is not None and not os.path.isfile(file):
     file = None  # python - (``<stdin>``) or a notebook: no file to import.
   timeout = options.timeout if options.timeout is not None else DEFAULT_TIMEOUT
+  header = {"module": body.__module__, "file": file,
+            "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
+            "device_type": options.device_type.upper()}
+  if not (options.fresh or WARM.fresh):
+    return _run_warm(name, header, payload, options, timeout)
   workdir = tempfile.mkdtemp(prefix="jdtensor-test-")
   try:
     spec_path = os.path.join(workdir, "spec.pkl")
     with open(spec_path, "wb") as f:
-      pickle.dump({"module": body.__module__,
-                   "file": file,
-                   "sys_path": [os.path.abspath(p) if p else os.getcwd()
-                                for p in sys.path],
-                   "device_type": options.device_type.upper(),
-                   "result_dir": workdir}, f)
+      pickle.dump({**header, "result_dir": workdir}, f)
       f.write(payload)
     spec = launcher.LaunchSpec(
         (sys.executable, "-m", "jdtensor.testing._client", spec_path),
@@ -305,6 +316,46 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
       records.get(c, {}).get("status") == "ok" for c in range(options.num_clients)):
     return [_transport.loads(v) for v in values]
   raise _failure(name, options, timeout, result, records, err.lines)
+
+
+class WarmSettings:
+  """Whether runs reuse warm clusters (`fresh` False, the default), set by
+  the pytest plugin's ``--jdtensor-clusters``."""
+
+  def __init__(self) -> None:
+    self.fresh = False
+
+
+WARM = WarmSettings()
+
+
+def _run_warm(name: str, header: dict[str, Any], payload: bytes,
+              options: MultiClientOptions, timeout: float) -> list[Any]:
+  """`_run` on the warm cluster of the test's shape (`jdtensor.testing._warm`)."""
+  __tracebackhide__ = True  # pylint: disable=unused-variable
+  from jdtensor.testing import _warm  # pylint: disable=g-import-not-at-top
+  env = _client_env(options)
+  shape = _warm.Shape.of(options.num_clients, options.devices_per_client,
+                         options.device_type.upper(), env)
+  cluster = _warm.cluster_for(shape, env, _TEST_GRACE)
+  out, err = _Tee(sys.stdout), _Tee(sys.stderr)
+  job = cluster.run_job(header, payload, timeout, out, err)
+  records = job.records
+  if job.result is None:
+    if job.retired:
+      warnings.warn(
+          f"{name}: passed, but its warm cluster ({shape.describe()}) was "
+          "retired after it (the next test of this shape starts new clients): "
+          + "; ".join(job.retired), WarmClusterRetired, stacklevel=2)
+    return [_transport.loads(records[c]["value"]) for c in range(options.num_clients)]
+  if job.result.exit_code == 128 + signal.SIGINT:
+    raise KeyboardInterrupt
+  raise _failure(name, options, timeout, job.result, records, err.lines)
+
+
+class WarmClusterRetired(UserWarning):
+  """A passing test left its warm cluster unfit for the next test (a thread
+  still running, a file left open, ...): the cluster was replaced."""
 
 
 def _client_env(options: MultiClientOptions) -> dict[str, str]:

@@ -8,15 +8,28 @@ sets the DTENSOR_* variables). In order: import the test's module by its path
 failed (import, arguments, initialize, body, result) with the exception and
 its traceback. A failure is then raised again, so the client exits non-zero
 and jdtensor tells the other clients at once.
+
+``python -m jdtensor.testing._client --warm DIR``: one client of a warm
+cluster (`jdtensor.testing._warm`). It runs the jobs the test process writes
+into DIR (``job-<k>.pkl``, in order) the same way, one after the other, each
+in a checkpoint (`_Checkpoint`): what a body changed that the next test must
+not see is put back, and what cannot be put back (a thread it left running,
+a file it left open) retires the cluster, said in the job's record. A body
+that fails ends the client as above (the cluster goes with it); ``stop``
+ends it normally.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import os
 import pickle
+import signal
 import sys
+import threading
+import time
 import traceback
 import types
 from typing import Any
@@ -97,13 +110,18 @@ def _to_host(value: Any, client: int) -> Any:
   return jax.tree_util.tree_map(host, value)
 
 
-def main(argv: list[str]) -> int:
-  with open(argv[1], "rb") as f:
+def _read_job(path: str) -> tuple[dict[str, Any], bytes]:
+  with open(path, "rb") as f:
     header = pickle.load(f)
-    payload = f.read()
+    return header, f.read()
+
+
+def _run_job(header: dict[str, Any], payload: bytes, client: int,
+             checkpoint: _Checkpoint | None = None) -> None:
+  """Imports, receives, initialises (once per process), runs the body and
+  writes the record; a failure is recorded, then raised again."""
   sys.path[:] = header["sys_path"] + [p for p in sys.path
                                       if p not in header["sys_path"]]
-  client = _env.client_id()
   stage = "import"
   try:
     _import_test_module(header["module"], header["file"])
@@ -111,18 +129,159 @@ def main(argv: list[str]) -> int:
     fn, args, kwargs = _transport.loads(payload)
     stage = "initialize"
     import jdtensor  # pylint: disable=g-import-not-at-top
-    jdtensor.initialize_accelerator_system(header["device_type"])
+    if not jdtensor.is_initialized():
+      jdtensor.initialize_accelerator_system(header["device_type"])
     stage = "body"
+    if checkpoint is not None:
+      checkpoint.take()
     value = fn(*args, **kwargs)
     stage = "result"
     data = _transport.dumps(_to_host(value, client))
+    retire = checkpoint.restore() if checkpoint is not None else []
   except BaseException as e:
     _write(header["result_dir"], client, {
         "status": "error", "stage": stage, "type": type(e).__name__,
         "message": str(e), "traceback": _traceback_text(e)})
     raise
-  _write(header["result_dir"], client, {"status": "ok", "value": data})
+  _write(header["result_dir"], client, {"status": "ok", "value": data,
+                                        "retire": retire})
+
+
+def main(argv: list[str]) -> int:
+  if argv[1] == "--warm":
+    return _serve(argv[2])
+  header, payload = _read_job(argv[1])
+  _run_job(header, payload, _env.client_id())
   return 0
+
+
+# -- a warm cluster's client ------------------------------------------------------
+
+# Seconds between looks for the next job: a test waits at most this long for
+# its clients to see it.
+JOB_POLL = 0.003
+# Printed to stdout and stderr after each job (tagged by the launcher): the
+# test process takes the job's output as complete once it has them all.
+END_OF_JOB = "jdtensor.testing: end of job "
+# Stop signals whose handler a body may change (restored after it).
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+            signal.SIGUSR2, signal.SIGALRM)
+# Seconds a thread the body started has to end after it returns.
+_THREAD_GRACE = 0.5
+
+
+def _serve(directory: str) -> int:
+  """Runs the jobs written to `directory` in order until ``stop``."""
+  client = _env.client_id()
+  checkpoint = _Checkpoint()
+  job = 0
+  while True:
+    path = os.path.join(directory, f"job-{job}.pkl")
+    while not os.path.exists(path):
+      if os.path.exists(os.path.join(directory, "stop")):
+        return 0
+      time.sleep(JOB_POLL)
+    header, payload = _read_job(path)
+    try:
+      _run_job(header, payload, client, checkpoint)
+    finally:
+      _end_of_job(job)
+    job += 1
+
+
+def _end_of_job(job: int) -> None:
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+      stream.write(f"{END_OF_JOB}{job}\n")
+      stream.flush()
+    except (OSError, ValueError):
+      pass
+
+
+def _open_files() -> dict[int, str]:
+  """This process's descriptors that are files or directories, by number
+  (sockets, pipes and devices are JAX's and the runtime's own)."""
+  out = {}
+  try:
+    names = os.listdir("/proc/self/fd")
+  except OSError:
+    return out
+  for name in names:
+    try:
+      target = os.readlink(f"/proc/self/fd/{name}")
+    except OSError:
+      continue
+    if target.startswith("/") and not target.startswith(("/dev/", "/proc/")):
+      out[int(name)] = target
+  return out
+
+
+class _Checkpoint:
+  """What a test body may change in its client, taken before the body and
+  put back after it (`restore`): the environment, the working directory,
+  signal handlers, ``jax.config``, jdtensor's runtime records (TPU mesh
+  names); and what cannot be put back, which retires the cluster: a thread
+  the body started that is still running, a file it left open, a default
+  mesh scope it left open, the accelerator system shut down."""
+
+  def take(self) -> None:
+    from jdtensor import api, runtime  # pylint: disable=g-import-not-at-top
+    self.environ = dict(os.environ)
+    self.cwd = os.getcwd()
+    self.signals = {s: signal.getsignal(s) for s in _SIGNALS}
+    self.runtime = runtime.default().test_checkpoint()
+    self.mesh = api.get_default_mesh()
+    self.threads = set(threading.enumerate())
+    self.files = _open_files()
+
+  def restore(self) -> list[str]:
+    """Puts back what can be; returns what cannot (why the cluster must go)."""
+    import jax  # pylint: disable=g-import-not-at-top
+    from jdtensor import api, runtime  # pylint: disable=g-import-not-at-top
+    retire: list[str] = []
+    # Whatever the body dispatched finishes here, not in the next test.
+    for array in jax.live_arrays():
+      try:
+        array.block_until_ready()
+      except Exception:  # pylint: disable=broad-except
+        pass  # Its error was the body's to see.
+    if os.environ != self.environ:
+      for name in [n for n in os.environ if n not in self.environ]:
+        del os.environ[name]
+      for name, value in self.environ.items():
+        if os.environ.get(name) != value:
+          os.environ[name] = value
+    if os.getcwd() != self.cwd:
+      os.chdir(self.cwd)
+    for sig, handler in self.signals.items():
+      if signal.getsignal(sig) is not handler and handler is not None:
+        signal.signal(sig, handler)
+    if not runtime.is_initialized():
+      retire.append("the body shut the accelerator system down")
+    else:
+      retire += runtime.default().restore_test_checkpoint(self.runtime)
+    if api.get_default_mesh() is not self.mesh:
+      retire.append("a default_mesh scope the body entered is still open")
+    late = [t for t in threading.enumerate()
+            if t not in self.threads and not t.name.startswith("jdtensor")]
+    deadline = time.monotonic() + _THREAD_GRACE
+    for thread in late:
+      thread.join(max(0.0, deadline - time.monotonic()))
+    late = [t for t in late if t.is_alive()]
+    if late:
+      retire.append("a thread the body started is still running: "
+                    + ", ".join(repr(t.name) for t in late))
+    files = _open_files()
+    if any(fd not in self.files or self.files[fd] != target
+           for fd, target in files.items()):
+      gc.collect()  # A file object the body dropped closes here.
+      files = _open_files()
+    left = sorted(target for fd, target in files.items()
+                  if self.files.get(fd) != target)
+    if left:
+      retire.append("the body left open: " + ", ".join(left))
+    return retire
 
 
 if __name__ == "__main__":

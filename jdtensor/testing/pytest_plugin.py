@@ -1,11 +1,15 @@
 """jdtensor's pytest plugin (registered with pytest's ``pytest11`` entry point).
 
 * ``@pytest.mark.multi_client(num_clients=2, devices_per_client=None,
-  timeout=None, device_type="CPU", env=None)``: the test body runs in
+  timeout=None, device_type="CPU", env=None, fresh=False)``: the test body runs in
   `num_clients` client processes, as with `jdtensor.testing.multi_client`
   (positional arguments: num_clients, devices_per_client).
 * ``--jdtensor-timeout SECONDS``: the time-out of multi-client tests that do
   not give one (default 120).
+* ``--jdtensor-clusters {session,module,fresh}``: how long a warm cluster's
+  clients are kept (`jdtensor.testing`): the whole session (the default),
+  one test module, or not at all (every test starts its own, as
+  ``fresh=True`` does for one test).
 
 Tests made with `jdtensor.testing.multi_client` run through the same hook, so
 that parametrize values are told apart from fixtures. The plugin never
@@ -26,8 +30,9 @@ from jdtensor import testing
 _MARKER = "multi_client"
 _MARKER_HELP = (
     "multi_client(num_clients=2, devices_per_client=None, timeout=None, "
-    "device_type='CPU', env=None): run the test body in num_clients fresh "
-    "jdtensor client processes (see jdtensor.testing).")
+    "device_type='CPU', env=None, fresh=False): run the test body in "
+    "num_clients jdtensor client processes, a warm cluster's unless fresh "
+    "(see jdtensor.testing).")
 
 
 def _timeout_option(raw: str) -> float:
@@ -44,10 +49,37 @@ def pytest_addoption(parser: Any) -> None:
                   metavar="SECONDS",
                   help="time-out of multi-client tests that do not set one "
                        f"(default {testing.DEFAULT_TIMEOUT:g}).")
+  group.addoption("--jdtensor-clusters", choices=_SCOPES, default="session",
+                  help="how long multi-client tests' warm clusters are kept: "
+                       "the session (default), a test module, or fresh "
+                       "clients for every test.")
+
+
+_SCOPES = ("session", "module", "fresh")
 
 
 def pytest_configure(config: Any) -> None:
   config.addinivalue_line("markers", _MARKER_HELP)
+  testing.WARM.fresh = config.getoption("jdtensor_clusters", "session") == "fresh"
+
+
+def pytest_runtest_teardown(item: Any, nextitem: Any) -> None:
+  """With ``--jdtensor-clusters module``: the module's clusters end with it."""
+  if item.config.getoption("jdtensor_clusters", "session") != "module":
+    return
+  if nextitem is None or nextitem.module is not item.module:
+    _warm_clusters().retire_all()
+
+
+def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
+  """Every warm cluster ends with the session (Ctrl-C and a failed session
+  included; `atexit` is the last resort)."""
+  _warm_clusters().retire_all()
+
+
+def _warm_clusters() -> Any:
+  from jdtensor.testing import _warm  # pylint: disable=g-import-not-at-top
+  return _warm
 
 
 def _marker_options(item: Any) -> testing.MultiClientOptions | None:

@@ -7,50 +7,14 @@ message from the JUnit XML report.
 
 import os
 import re
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.helpers import REPO, TEST_TIMEOUTS, clean_env, pid_alive
+from tests.helpers import pid_alive, run_pytest
 
 pytestmark = pytest.mark.multiprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def run_pytest(path, *args, timeout=240):
-  """pytest on `path` in a fresh process group (deadline: `timeout`);
-  returns (exit code, {test name: (outcome, message, text)}, output)."""
-  report = os.path.join(os.environ.get("TMPDIR", "/tmp"),
-                        f"jdtensor-junit-{os.getpid()}-{os.path.basename(path)}.xml")
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-       f"--junitxml={report}", path, *args],
-      cwd=REPO, env=clean_env(**TEST_TIMEOUTS), stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True, start_new_session=True)
-  try:
-    out, _ = proc.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, 9)
-    out, _ = proc.communicate(timeout=10)
-    raise AssertionError(f"pytest exceeded {timeout} s:\n{out}")
-  outcomes = {}
-  if not os.path.exists(report):  # A usage error: pytest ran nothing.
-    return proc.returncode, outcomes, out
-  try:
-    for case in ET.parse(report).getroot().iter("testcase"):
-      bad = case.find("failure")
-      if bad is None:
-        bad = case.find("error")
-      outcomes[case.get("name")] = (
-          "passed" if bad is None else bad.tag,
-          "" if bad is None else bad.get("message", ""),
-          "" if bad is None else (bad.text or ""))
-  finally:
-    os.remove(report)
-  return proc.returncode, outcomes, out
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,162 @@
+"""Warm clusters (jdtensor.testing) as users run them: pytest on a test file,
+in a subprocess; which tests shared client processes, what the next test
+saw, what a failure cost, and that nothing is left behind."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import REPO, TEST_TIMEOUTS, clean_env, pid_alive, run_pytest
+
+pytestmark = pytest.mark.multiprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "warm_cluster_examples.py")
+
+
+def clients_of(output):
+  """{test mark: set of client pids} from the bodies' WARM lines."""
+  seen = {}
+  for name, pid in re.findall(r"\[client \d+\] WARM (\S+) (\d+)", output):
+    seen.setdefault(name, set()).add(int(pid))
+  return seen
+
+
+@pytest.fixture(scope="module")
+def examples():
+  return run_pytest(EXAMPLES, "-s", timeout=300)
+
+
+EXPECTED = {
+    "test_changes_everything_it_can": "passed", "test_sees_none_of_it": "passed",
+    "test_leaves_a_thread_running": "passed", "test_after_the_thread": "passed",
+    "test_leaves_a_file_open": "passed", "test_after_the_file": "passed",
+    "test_leaves_a_default_mesh_open": "passed", "test_after_the_mesh": "passed",
+    "test_client_1_fails_while_client_0_waits": "failure",
+    "test_after_the_failure": "passed", "test_times_out": "failure",
+    "test_after_the_time_out": "passed", "test_kills_client_1": "failure",
+    "test_after_the_kill": "passed", "test_exits_on_client_0": "failure",
+    "test_after_the_exit": "passed", "test_fresh": "passed",
+    "test_after_fresh": "passed", "test_the_marker_form": "passed",
+    "test_run_in_multi_client_shares_it_too": "passed",
+    "test_a_failure_is_the_callers_to_catch": "passed",
+    "test_after_a_caught_failure": "passed",
+}
+
+
+def test_each_test_has_its_own_outcome(examples):
+  """A failure fails its own test only: the next one on the shape passes."""
+  _, outcomes, out = examples
+  assert {name: o[0] for name, o in outcomes.items()} == EXPECTED, out
+
+
+def test_a_cluster_is_shared_until_a_test_retires_it(examples):
+  _, _, out = examples
+  seen = clients_of(out)
+  assert all(len(pids) == 2 for pids in seen.values()), seen
+  same = [("changes", "sees-none"), ("sees-none", "thread"),
+          ("after-thread", "file"), ("after-file", "mesh"), ("after-mesh", "fails"),
+          ("after-failure", "times-out"), ("after-time-out", "kills"),
+          ("after-kill", "exits"), ("after-exit", "after-fresh"),
+          ("after-fresh", "marker"), ("marker", "plain")]
+  for a, b in same:
+    assert seen[a] == seen[b], (a, b, seen)
+  # Retired after a passing test that left something, or after a failure.
+  new = [("thread", "after-thread"), ("file", "after-file"), ("mesh", "after-mesh"),
+         ("fails", "after-failure"), ("times-out", "after-time-out"),
+         ("kills", "after-kill"), ("exits", "after-exit"), ("plain", "after-caught")]
+  for a, b in new:
+    assert not seen[a] & seen[b], (a, b, seen)
+  assert not seen["fresh"] & (seen["after-exit"] | seen["after-fresh"]), seen
+
+
+def test_the_next_test_sees_none_of_what_one_changed(examples):
+  _, outcomes, out = examples
+  assert outcomes["test_sees_none_of_it"][0] == "passed", out
+  assert outcomes["test_after_the_mesh"][0] == "passed", out
+
+
+def test_a_retired_cluster_is_said_with_its_reason(examples):
+  _, _, out = examples
+  for test, why in (("test_leaves_a_thread_running", "a thread the body started is "
+                     "still running: 'left-behind'"),
+                    ("test_leaves_a_file_open", "the body left open: "
+                     f"{EXAMPLES}"),
+                    ("test_leaves_a_default_mesh_open", "a default_mesh scope the "
+                     "body entered is still open")):
+    assert re.search(rf"WarmClusterRetired: {test}: passed, but its warm cluster "
+                     rf"\(2 x 2 CPU\) was retired after it .*client 0: {re.escape(why)}",
+                     out), (test, out[-4000:])
+
+
+def test_failures_are_reported_as_on_fresh_clients(examples):
+  _, outcomes, _ = examples
+  message = outcomes["test_client_1_fails_while_client_0_waits"][1]
+  assert "client 1: ValueError: wrong on purpose in client 1" in message, message
+  assert "client 0 stopped as a consequence" in outcomes[
+      "test_client_1_fails_while_client_0_waits"][2]
+  assert ("test_times_out: timed out after 4 s: clients 0, 1 did not finish"
+          in outcomes["test_times_out"][1]), outcomes
+  assert "in test_times_out" in outcomes["test_times_out"][2]
+  assert "killed by SIGKILL" in outcomes["test_kills_client_1"][2]
+  assert "client 0: SystemExit: 0" in outcomes["test_exits_on_client_0"][1]
+
+
+def test_no_client_is_left_after_the_session(examples):
+  _, _, out = examples
+  pids = set().union(*clients_of(out).values())
+  assert pids and not [p for p in pids if pid_alive(p)]
+
+
+def test_ctrl_c_leaves_no_client_behind(tmp_path):
+  """SIGINT to pytest while a body runs on a warm cluster (one before it
+  made the cluster warm): pytest ends, and every client with it."""
+  started = tmp_path / "started"
+  test = tmp_path / "test_interrupted.py"
+  test.write_text(
+      "import os, time\n"
+      "from jdtensor.testing import multi_client\n"
+      "@multi_client(num_clients=2)\n"
+      "def test_warms():\n"
+      "  print(f'WARM warm {os.getpid()}', flush=True)\n"
+      "@multi_client(num_clients=2)\n"
+      "def test_interrupted():\n"
+      "  print(f'WARM interrupted {os.getpid()}', flush=True)\n"
+      f"  open({str(started)!r} + str(os.getpid()), 'w').close()\n"
+      "  time.sleep(120)\n")
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(test)],
+      cwd=REPO, env=clean_env(**TEST_TIMEOUTS), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  try:
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("started*"))) < 2:
+      assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+      time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.communicate()
+  pids = set().union(*clients_of(out).values())
+  assert len(pids) == 2, out  # Both tests on one cluster.
+  deadline = time.monotonic() + 10
+  while [p for p in pids if pid_alive(p)] and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert not [p for p in pids if pid_alive(p)], out
+  assert "KeyboardInterrupt" in out or "Interrupted" in out, out
+
+
+def test_xdist_workers_keep_their_own_clusters():
+  pytest.importorskip("xdist")
+  code, outcomes, out = run_pytest(
+      os.path.join(HERE, "multi_client_examples.py"), "-s", "-n", "2",
+      "-k", "psum_4x2 or parameters or returns_each or marker_form", timeout=300)
+  assert outcomes and all(o[0] == "passed" for o in outcomes.values()), out
+  assert code == 0, out
