@@ -164,7 +164,7 @@ run_oldest() {
     "tests/multiprocess/test_hang_triage.py::test_every_clients_stack_is_under_the_verdict" \
     tests/multiprocess/test_no_false_kill.py tests/multiprocess/test_forked_worker.py \
     tests/multiprocess/test_users_signal_handler.py tests/multiprocess/test_client_text.py \
-    tests/multiprocess/test_log_dir_full.py
+    tests/multiprocess/test_log_dir_full.py tests/multiprocess/test_warm_clusters.py
 }
 
 run_integration() {
