@@ -48,7 +48,7 @@ from jdtensor._report import describe_exit
 from jdtensor._ids import ids_text
 from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, PEER_FAILURE_EXIT_CODE, ConfigError
-from jdtensor.testing import _transport
+from jdtensor.testing import _client, _transport
 
 __all__ = ["multi_client", "run_in_multi_client", "MultiClientTestError",
            "MultiClientOptions", "DEFAULT_TIMEOUT", "WarmClusterRetired"]
@@ -308,7 +308,7 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     result = launcher.launch(spec, out, err, _client_env(options))
     if result.exit_code == 128 + signal.SIGINT:
       raise KeyboardInterrupt
-    records = _read_records(workdir, options.num_clients)
+    records = _client.read_records(workdir, options.num_clients)
   finally:
     shutil.rmtree(workdir, ignore_errors=True)
   values = [records.get(c, {}).get("value") for c in range(options.num_clients)]
@@ -371,17 +371,6 @@ def _client_env(options: MultiClientOptions) -> dict[str, str]:
       [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
   env.update(options.env or {})
   return env
-
-
-def _read_records(directory: str, n: int) -> dict[int, dict[str, Any]]:
-  records = {}
-  for client in range(n):
-    try:
-      with open(os.path.join(directory, f"client-{client}.pkl"), "rb") as f:
-        records[client] = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError):
-      continue
-  return records
 
 
 class _Tee:

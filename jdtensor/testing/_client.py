@@ -47,6 +47,18 @@ def _write(directory: str, client: int, record: dict[str, Any]) -> None:
   os.replace(path + ".tmp", path)  # The parent never reads half a record.
 
 
+def read_records(directory: str, n: int) -> dict[int, dict[str, Any]]:
+  """The records `_write` wrote in `directory`, by client (those there)."""
+  records = {}
+  for client in range(n):
+    try:
+      with open(os.path.join(directory, f"client-{client}.pkl"), "rb") as f:
+        records[client] = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError):
+      continue
+  return records
+
+
 def _traceback_text(error: BaseException) -> str:
   """The traceback without this module's frames."""
   tb = error.__traceback__

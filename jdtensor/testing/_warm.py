@@ -38,7 +38,7 @@ from typing import Any, IO
 from jdtensor import launcher
 from jdtensor.launcher.spec import Attempt, Interrupt, LaunchResult, LaunchSpec
 from jdtensor.launcher.supervisor import Signals, run_attempt
-from jdtensor.testing._client import END_OF_JOB
+from jdtensor.testing._client import END_OF_JOB, read_records
 
 __all__ = ["Shape", "Cluster", "JobResult", "cluster_for", "retire_all"]
 
@@ -214,7 +214,7 @@ class Cluster:
     self.retired = True
     if self.error is not None:
       raise self.error
-    return JobResult(_read_records(result_dir, n), self.result, [])
+    return JobResult(read_records(result_dir, n), self.result, [])
 
   def _wait_for_records(self, result_dir: str, n: int) -> dict[int, dict[str, Any]] | None:
     """Every client's record of the job; as soon as one is a failure, the
@@ -223,9 +223,9 @@ class Cluster:
       names = os.listdir(result_dir)
       done = [f for f in names if f.endswith(".pkl")]
       if len(done) == n:
-        return _read_records(result_dir, n)
+        return read_records(result_dir, n)
       if done:
-        records = _read_records(result_dir, n)
+        records = read_records(result_dir, n)
         if any(r.get("status") != "ok" for r in records.values()):
           return records
       if not self._thread.is_alive():
@@ -264,17 +264,6 @@ class Cluster:
           break
         kill = True
     shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _read_records(directory: str, n: int) -> dict[int, dict[str, Any]]:
-  records = {}
-  for client in range(n):
-    try:
-      with open(os.path.join(directory, f"client-{client}.pkl"), "rb") as f:
-        records[client] = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError):
-      continue
-  return records
 
 
 _clusters: dict[Shape, Cluster] = {}
