@@ -9,8 +9,9 @@ failed (import, arguments, initialize, body, result) with the exception and
 its traceback. A failure is then raised again, so the client exits non-zero
 and jdtensor tells the other clients at once.
 
-``python -m jdtensor.testing._client --warm DIR``: one client of a warm
-cluster (`jdtensor.testing._warm`). It runs the jobs the test process writes
+``python -m jdtensor.testing._client --warm DIR DEVICE_TYPE``: one client of
+a warm cluster (`jdtensor.testing._warm`). It initialises, then runs the jobs
+the test process writes
 into DIR (``job-<k>.pkl``, in order) the same way, one after the other, each
 in a checkpoint (`_Checkpoint`): what a body changed that the next test must
 not see is put back, and what cannot be put back (a thread it left running,
@@ -151,17 +152,20 @@ def _run_job(header: dict[str, Any], payload: bytes, client: int,
     data = _transport.dumps(_to_host(value, client))
     retire = checkpoint.restore() if checkpoint is not None else []
   except BaseException as e:
-    _write(header["result_dir"], client, {
-        "status": "error", "stage": stage, "type": type(e).__name__,
-        "message": str(e), "traceback": _traceback_text(e)})
+    _write(header["result_dir"], client, _error_record(stage, e))
     raise
   _write(header["result_dir"], client, {"status": "ok", "value": data,
                                         "retire": retire})
 
 
+def _error_record(stage: str, error: BaseException) -> dict[str, Any]:
+  return {"status": "error", "stage": stage, "type": type(error).__name__,
+          "message": str(error), "traceback": _traceback_text(error)}
+
+
 def main(argv: list[str]) -> int:
   if argv[1] == "--warm":
-    return _serve(argv[2])
+    return _serve(argv[2], argv[3])
   header, payload = _read_job(argv[1])
   _run_job(header, payload, _env.client_id())
   return 0
@@ -182,9 +186,21 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
 _THREAD_GRACE = 0.5
 
 
-def _serve(directory: str) -> int:
-  """Runs the jobs written to `directory` in order until ``stop``."""
+def _serve(directory: str, device_type: str) -> int:
+  """Initialises, then runs the jobs written to `directory` in order until
+  ``stop``. A cluster is started before its first test is known (ahead of
+  need, `jdtensor.testing._warm`), so start-up comes first; its failure is
+  the first job's."""
   client = _env.client_id()
+  try:
+    import jdtensor  # pylint: disable=g-import-not-at-top
+    jdtensor.initialize_accelerator_system(device_type)
+  except BaseException as e:
+    first = os.path.join(directory, "job-0")
+    os.makedirs(first, exist_ok=True)
+    _write(first, client, _error_record("initialize", e))
+    _end_of_job(0)
+    raise
   checkpoint = _Checkpoint()
   job = 0
   while True:

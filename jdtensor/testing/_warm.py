@@ -23,6 +23,7 @@ PURE of JAX: the test process never imports it.
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import os
 import pickle
@@ -142,11 +143,13 @@ class Cluster:
     self.retired = False
     self._deadline: tuple[float, float] | None = None
     spec = LaunchSpec(
-        (sys.executable, "-m", "jdtensor.testing._client", "--warm", self.dir),
+        (sys.executable, "-m", "jdtensor.testing._client", "--warm", self.dir,
+         shape.device_type),
         num_clients=shape.num_clients, devices_per_client=shape.devices_per_client,
         device_type=shape.device_type, timeout=None, grace=grace)
     self._spec = launcher.startable(spec, env)
-    self._env = dict(env)
+    self.env, self.grace = dict(env), grace
+    self._start_lock = threading.Lock()
     self._thread = threading.Thread(target=self._run, daemon=True,
                                     name=f"jdtensor-warm-cluster-{shape.describe()}")
 
@@ -154,10 +157,16 @@ class Cluster:
     try:
       with Signals(self.interrupt) as signals:  # No handlers off the main thread.
         self.result = run_attempt(self._spec, Attempt.local(self._spec), self.out,
-                                  self.err, self._env, signals,
+                                  self.err, self.env, signals,
                                   timeout_at=lambda: self._deadline)
     except BaseException as e:  # pylint: disable=broad-except
       self.error = e
+
+  def start(self) -> None:
+    """Starts the clients, once (before a job is known: ahead of need)."""
+    with self._start_lock:
+      if not self._thread.ident:
+        self._thread.start()
 
   @property
   def alive(self) -> bool:
@@ -171,7 +180,7 @@ class Cluster:
     job = self.jobs
     self.jobs += 1
     result_dir = os.path.join(self.dir, f"job-{job}")
-    os.mkdir(result_dir)
+    os.makedirs(result_dir, exist_ok=True)  # A failed start-up made job 0's.
     path = os.path.join(self.dir, f"job-{job}.pkl")
     with open(path + ".tmp", "wb") as f:
       pickle.dump({**header, "result_dir": result_dir}, f)
@@ -179,8 +188,7 @@ class Cluster:
     self.out.sink, self.err.sink = out, err
     self._deadline = (time.monotonic() + timeout, timeout)
     os.replace(path + ".tmp", path)  # A client never reads half a job.
-    if not self._thread.ident:
-      self._thread.start()
+    self.start()
     n = self.shape.num_clients
     try:
       records = self._wait_for_records(result_dir, n)
@@ -192,8 +200,12 @@ class Cluster:
         retired = [f"client {c}: {why}" for c, r in sorted(records.items())
                    for why in r.get("retire", ())]
         if retired:
+          _replace(self)
           self.retire()
         return JobResult(records, None, retired)
+      # The next test of this shape gets clients started now, while this
+      # cluster ends: a failure costs at most one cold start, mostly hidden.
+      _replace(self)
       # A client failed (its record says so) or the cluster ended: the
       # launcher's result names the root cause. A client whose body raised
       # ends by itself, and the others with it; one that left with code 0
@@ -266,7 +278,12 @@ class Cluster:
     shutil.rmtree(self.dir, ignore_errors=True)
 
 
-_clusters: dict[Shape, Cluster] = {}
+# Warm clusters kept at once; a new shape past it retires the one used
+# longest ago. Each client is a JAX process (about 170 MB on CPU), so a suite
+# of many shapes must not keep them all.
+MAX_CLUSTERS = 3
+
+_clusters: collections.OrderedDict[Shape, Cluster] = collections.OrderedDict()
 _lock = threading.Lock()
 
 
@@ -276,7 +293,26 @@ def cluster_for(shape: Shape, env: Mapping[str, str], grace: float) -> Cluster:
     cluster = _clusters.get(shape)
     if cluster is None or not cluster.alive:
       cluster = _clusters[shape] = Cluster(shape, env, grace)
-    return cluster
+    _clusters.move_to_end(shape)
+    old = [_clusters.popitem(last=False)[1]
+           for _ in range(max(0, len(_clusters) - MAX_CLUSTERS))]
+  for idle in old:
+    idle.retire()
+  return cluster
+
+
+def _replace(cluster: Cluster) -> None:
+  """A cluster that is going: a new one of its shape, started at once."""
+  with _lock:
+    if _clusters.get(cluster.shape) is not cluster:
+      return  # Already replaced, or no longer kept.
+    try:
+      new = Cluster(cluster.shape, cluster.env, cluster.grace)
+    except Exception:  # pylint: disable=broad-except
+      del _clusters[cluster.shape]  # The next test starts one, and says why not.
+      return
+    _clusters[cluster.shape] = new
+  new.start()
 
 
 def retire_all() -> None:

@@ -177,3 +177,23 @@ def test_a_failure_is_the_callers_to_catch():
 @multi_client(**SHAPE)
 def test_after_a_caught_failure():
   mark("after-caught")
+
+
+@multi_client(num_clients=1, devices_per_client=1)
+def test_shape_b():
+  mark("shape-b")
+
+
+@multi_client(num_clients=1, devices_per_client=2)
+def test_shape_c():
+  mark("shape-c")
+
+
+@multi_client(num_clients=1, devices_per_client=3)
+def test_shape_d():
+  mark("shape-d")
+
+
+@multi_client(**SHAPE)
+def test_back_to_the_first_shape():
+  mark("back")
