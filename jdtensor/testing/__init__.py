@@ -48,7 +48,7 @@ from jdtensor._report import describe_exit
 from jdtensor._ids import ids_text
 from jdtensor.device_spec import DEVICE_TYPES
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, PEER_FAILURE_EXIT_CODE, ConfigError
-from jdtensor.testing import _client, _transport
+from jdtensor.testing import _transport
 
 __all__ = ["multi_client", "run_in_multi_client", "MultiClientTestError",
            "MultiClientOptions", "DEFAULT_TIMEOUT", "WarmClusterRetired"]
@@ -308,6 +308,9 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     result = launcher.launch(spec, out, err, _client_env(options))
     if result.exit_code == 128 + signal.SIGINT:
       raise KeyboardInterrupt
+    # Not imported at the top: ``python -m jdtensor.testing._client`` imports
+    # this package first, and must find the module not yet loaded.
+    from jdtensor.testing import _client  # pylint: disable=g-import-not-at-top
     records = _client.read_records(workdir, options.num_clients)
   finally:
     shutil.rmtree(workdir, ignore_errors=True)

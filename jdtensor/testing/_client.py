@@ -245,13 +245,21 @@ def _open_files() -> dict[int, str]:
   return out
 
 
+def _heartbeat_now() -> tuple[int, bool] | None:
+  """Which heartbeat runs (its identity, whether it is still beating)."""
+  from jdtensor import heartbeat  # pylint: disable=g-import-not-at-top
+  beat = heartbeat.current()
+  return None if beat is None else (id(beat), not beat.stopped.is_set())
+
+
 class _Checkpoint:
   """What a test body may change in its client, taken before the body and
   put back after it (`restore`): the environment, the working directory,
   signal handlers, ``jax.config``, jdtensor's runtime records (TPU mesh
   names); and what cannot be put back, which retires the cluster: a thread
   the body started that is still running, a file it left open, a default
-  mesh scope it left open, the accelerator system shut down."""
+  mesh scope it left open, the accelerator system shut down, the heartbeat
+  stopped or replaced."""
 
   def take(self) -> None:
     from jdtensor import api, runtime  # pylint: disable=g-import-not-at-top
@@ -260,6 +268,7 @@ class _Checkpoint:
     self.signals = {s: signal.getsignal(s) for s in _SIGNALS}
     self.runtime = runtime.default().test_checkpoint()
     self.mesh = api.get_default_mesh()
+    self.heartbeat = _heartbeat_now()
     self.threads = set(threading.enumerate())
     self.files = _open_files()
 
@@ -291,6 +300,8 @@ class _Checkpoint:
       retire += runtime.default().restore_test_checkpoint(self.runtime)
     if api.get_default_mesh() is not self.mesh:
       retire.append("a default_mesh scope the body entered is still open")
+    if _heartbeat_now() != self.heartbeat:
+      retire.append("the body stopped, started or replaced jdtensor's heartbeat")
     late = [t for t in threading.enumerate()
             if t not in self.threads and not t.name.startswith("jdtensor")]
     deadline = time.monotonic() + _THREAD_GRACE

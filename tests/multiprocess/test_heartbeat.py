@@ -44,7 +44,7 @@ def _start_twice_then_stop():
 
 def test_token_agreement_second_start_and_agreed_stop(capfd):
   (r0, same0, stopped0, beats0), (r1, same1, stopped1, beats1) = (
-      run_in_multi_client(_start_twice_then_stop, 2, env=TEST_TIMEOUTS))
+      run_in_multi_client(_start_twice_then_stop, 2, env=TEST_TIMEOUTS, fresh=True))
   assert r0[:2] == (0.2, "terminate")
   assert r0[2] == r1[2]  # Client 0's token, everywhere.
   assert same0 and same1 and stopped0 and stopped1 and beats0 >= 3
@@ -143,7 +143,8 @@ def test_policy_raise_surfaces_at_the_next_jdtensor_call():
     assert message.endswith("raising PeerFailureError at the next jdtensor call")
 
 
-@multi_client(num_clients=2, env={**TEST_TIMEOUTS, "DTENSOR_ENABLE_HEARTBEAT": "false"})
+@multi_client(num_clients=2, env={**TEST_TIMEOUTS, "DTENSOR_ENABLE_HEARTBEAT": "false"},
+              fresh=True)
 def test_disabled_by_env_then_started_by_hand():
   import threading
   assert heartbeat.current() is None

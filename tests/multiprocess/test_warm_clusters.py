@@ -37,6 +37,7 @@ EXPECTED = {
     "test_leaves_a_thread_running": "passed", "test_after_the_thread": "passed",
     "test_leaves_a_file_open": "passed", "test_after_the_file": "passed",
     "test_leaves_a_default_mesh_open": "passed", "test_after_the_mesh": "passed",
+    "test_stops_the_heartbeat": "passed", "test_after_the_heartbeat": "passed",
     "test_client_1_fails_while_client_0_waits": "failure",
     "test_after_the_failure": "passed", "test_times_out": "failure",
     "test_after_the_time_out": "passed", "test_kills_client_1": "failure",
@@ -55,6 +56,7 @@ def test_each_test_has_its_own_outcome(examples):
   """A failure fails its own test only: the next one on the shape passes."""
   _, outcomes, out = examples
   assert {name: o[0] for name, o in outcomes.items()} == EXPECTED, out
+  assert "RuntimeWarning" not in out, out  # The client module is loaded once.
 
 
 def test_a_cluster_is_shared_until_a_test_retires_it(examples):
@@ -63,7 +65,8 @@ def test_a_cluster_is_shared_until_a_test_retires_it(examples):
   assert all(len(pids) == (1 if name.startswith("shape-") else 2)
              for name, pids in seen.items()), seen
   same = [("changes", "sees-none"), ("sees-none", "thread"),
-          ("after-thread", "file"), ("after-file", "mesh"), ("after-mesh", "fails"),
+          ("after-thread", "file"), ("after-file", "mesh"), ("after-mesh", "heartbeat"),
+          ("after-heartbeat", "fails"),
           ("after-failure", "times-out"), ("after-time-out", "kills"),
           ("after-kill", "exits"), ("after-exit", "after-fresh"),
           ("after-fresh", "marker"), ("marker", "plain")]
@@ -71,6 +74,7 @@ def test_a_cluster_is_shared_until_a_test_retires_it(examples):
     assert seen[a] == seen[b], (a, b, seen)
   # Retired after a passing test that left something, or after a failure.
   new = [("thread", "after-thread"), ("file", "after-file"), ("mesh", "after-mesh"),
+         ("heartbeat", "after-heartbeat"),
          ("fails", "after-failure"), ("times-out", "after-time-out"),
          ("kills", "after-kill"), ("exits", "after-exit"), ("plain", "after-caught")]
   for a, b in new:
@@ -94,7 +98,9 @@ def test_a_retired_cluster_is_said_with_its_reason(examples):
                     ("test_leaves_a_file_open", "the body left open: "
                      f"{EXAMPLES}"),
                     ("test_leaves_a_default_mesh_open", "a default_mesh scope the "
-                     "body entered is still open")):
+                     "body entered is still open"),
+                    ("test_stops_the_heartbeat", "the body stopped, started or "
+                     "replaced jdtensor's heartbeat")):
     assert re.search(rf"WarmClusterRetired: {test}: passed, but its warm cluster "
                      rf"\(2 x 2 CPU\) was retired after it .*client 0: {re.escape(why)}",
                      out), (test, out[-4000:])

@@ -92,6 +92,22 @@ def test_after_the_mesh():
 
 
 @multi_client(**SHAPE)
+def test_stops_the_heartbeat():
+  from jdtensor import heartbeat
+  mark("heartbeat")
+  beat = heartbeat.current()
+  beat.event.set()  # The agreed stop, on every client.
+  assert beat.stopped.wait(30)
+
+
+@multi_client(**SHAPE)
+def test_after_the_heartbeat():
+  from jdtensor import heartbeat
+  mark("after-heartbeat")
+  assert heartbeat.current() is not None and not heartbeat.current().stopped.is_set()
+
+
+@multi_client(**SHAPE)
 def test_client_1_fails_while_client_0_waits():
   from jax.experimental import multihost_utils
 
