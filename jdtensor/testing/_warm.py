@@ -224,9 +224,11 @@ class Cluster:
     finally:
       self.out.sink = self.err.sink = None
     self.retired = True
+    records = read_records(result_dir, n)
+    shutil.rmtree(self.dir, ignore_errors=True)
     if self.error is not None:
       raise self.error
-    return JobResult(read_records(result_dir, n), self.result, [])
+    return JobResult(records, self.result, [])
 
   def _wait_for_records(self, result_dir: str, n: int) -> dict[int, dict[str, Any]] | None:
     """Every client's record of the job; as soon as one is a failure, the

@@ -2,11 +2,13 @@
 in a subprocess; which tests shared client processes, what the next test
 saw, what a failure cost, and that nothing is left behind."""
 
+import glob
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -27,9 +29,15 @@ def clients_of(output):
   return seen
 
 
+def _cluster_dirs():
+  return set(glob.glob(os.path.join(tempfile.gettempdir(), "jdtensor-warm-*")))
+
+
 @pytest.fixture(scope="module")
 def examples():
-  return run_pytest(EXAMPLES, "-s", timeout=300)
+  before = _cluster_dirs()
+  result = run_pytest(EXAMPLES, "-s", timeout=300)
+  return (*result, _cluster_dirs() - before)
 
 
 EXPECTED = {
@@ -54,13 +62,13 @@ EXPECTED = {
 
 def test_each_test_has_its_own_outcome(examples):
   """A failure fails its own test only: the next one on the shape passes."""
-  _, outcomes, out = examples
+  _, outcomes, out, _ = examples
   assert {name: o[0] for name, o in outcomes.items()} == EXPECTED, out
   assert "RuntimeWarning" not in out, out  # The client module is loaded once.
 
 
 def test_a_cluster_is_shared_until_a_test_retires_it(examples):
-  _, _, out = examples
+  _, _, out, _ = examples
   seen = clients_of(out)
   assert all(len(pids) == (1 if name.startswith("shape-") else 2)
              for name, pids in seen.items()), seen
@@ -86,13 +94,13 @@ def test_a_cluster_is_shared_until_a_test_retires_it(examples):
 
 
 def test_the_next_test_sees_none_of_what_one_changed(examples):
-  _, outcomes, out = examples
+  _, outcomes, out, _ = examples
   assert outcomes["test_sees_none_of_it"][0] == "passed", out
   assert outcomes["test_after_the_mesh"][0] == "passed", out
 
 
 def test_a_retired_cluster_is_said_with_its_reason(examples):
-  _, _, out = examples
+  _, _, out, _ = examples
   for test, why in (("test_leaves_a_thread_running", "a thread the body started is "
                      "still running: 'left-behind'"),
                     ("test_leaves_a_file_open", "the body left open: "
@@ -107,7 +115,7 @@ def test_a_retired_cluster_is_said_with_its_reason(examples):
 
 
 def test_failures_are_reported_as_on_fresh_clients(examples):
-  _, outcomes, _ = examples
+  _, outcomes, _, _ = examples
   message = outcomes["test_client_1_fails_while_client_0_waits"][1]
   assert "client 1: ValueError: wrong on purpose in client 1" in message, message
   assert "client 0 stopped as a consequence" in outcomes[
@@ -120,9 +128,10 @@ def test_failures_are_reported_as_on_fresh_clients(examples):
 
 
 def test_no_client_is_left_after_the_session(examples):
-  _, _, out = examples
+  _, _, out, left = examples
   pids = set().union(*clients_of(out).values())
   assert pids and not [p for p in pids if pid_alive(p)]
+  assert not left  # Nor a cluster's folder.
 
 
 def test_ctrl_c_leaves_no_client_behind(tmp_path):
