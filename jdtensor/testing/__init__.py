@@ -406,6 +406,7 @@ _STAGES = {
     "initialize": "in initialize_accelerator_system",
     "body": "",
     "result": "while sending its return value back",
+    "checkpoint": "while putting back what the test changed (warm cluster)",
 }
 
 

@@ -11,11 +11,11 @@ and jdtensor tells the other clients at once.
 
 ``python -m jdtensor.testing._client --warm DIR DEVICE_TYPE``: one client of
 a warm cluster (`jdtensor.testing._warm`). It initialises, then runs the jobs
-the test process writes
-into DIR (``job-<k>.pkl``, in order) the same way, one after the other, each
-in a checkpoint (`_Checkpoint`): what a body changed that the next test must
-not see is put back, and what cannot be put back (a thread it left running,
-a file it left open) retires the cluster, said in the job's record. A body
+the test process writes into DIR (``job-<k>.pkl``, in order) the same way,
+one after the other, each in a checkpoint (`_Checkpoint`): what a body
+changed that the next test must not see is put back, and what cannot be put
+back (a thread or process it left running, a file it left open) retires the
+cluster, said in the job's record. A body
 that fails ends the client as above (the cluster goes with it); ``stop``
 ends it normally.
 """
@@ -150,6 +150,7 @@ def _run_job(header: dict[str, Any], payload: bytes, client: int,
     value = fn(*args, **kwargs)
     stage = "result"
     data = _transport.dumps(_to_host(value, client))
+    stage = "checkpoint"
     retire = checkpoint.restore() if checkpoint is not None else []
   except BaseException as e:
     _write(header["result_dir"], client, _error_record(stage, e))
@@ -245,6 +246,29 @@ def _open_files() -> dict[int, str]:
   return out
 
 
+def _children() -> set[int]:
+  """This process's child processes still running (not zombies)."""
+  out = set()
+  try:
+    tasks = os.listdir("/proc/self/task")
+  except OSError:
+    return out
+  for task in tasks:
+    try:
+      with open(f"/proc/self/task/{task}/children") as f:
+        pids = [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+      continue
+    for pid in pids:
+      try:
+        with open(f"/proc/{pid}/stat") as f:
+          if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+            out.add(pid)
+      except (OSError, IndexError):
+        continue
+  return out
+
+
 def _heartbeat_now() -> tuple[int, bool] | None:
   """Which heartbeat runs (its identity, whether it is still beating)."""
   from jdtensor import heartbeat  # pylint: disable=g-import-not-at-top
@@ -257,9 +281,9 @@ class _Checkpoint:
   put back after it (`restore`): the environment, the working directory,
   signal handlers, ``jax.config``, jdtensor's runtime records (TPU mesh
   names); and what cannot be put back, which retires the cluster: a thread
-  the body started that is still running, a file it left open, a default
-  mesh scope it left open, the accelerator system shut down, the heartbeat
-  stopped or replaced."""
+  or process the body started that is still running, a file it left open, a
+  default mesh scope it left open, the accelerator system shut down, the
+  heartbeat stopped or replaced."""
 
   def take(self) -> None:
     from jdtensor import api, runtime  # pylint: disable=g-import-not-at-top
@@ -270,6 +294,7 @@ class _Checkpoint:
     self.mesh = api.get_default_mesh()
     self.heartbeat = _heartbeat_now()
     self.threads = set(threading.enumerate())
+    self.children = _children()
     self.files = _open_files()
 
   def restore(self) -> list[str]:
@@ -311,6 +336,10 @@ class _Checkpoint:
     if late:
       retire.append("a thread the body started is still running: "
                     + ", ".join(repr(t.name) for t in late))
+    children = sorted(_children() - self.children)
+    if children:  # A forked worker holds what the client held.
+      retire.append("a process the body started is still running: pid "
+                    + ", ".join(map(str, children)))
     files = _open_files()
     if any(fd not in self.files or self.files[fd] != target
            for fd, target in files.items()):

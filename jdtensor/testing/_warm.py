@@ -1,7 +1,8 @@
 """Warm clusters: a multi-client test's client processes, kept for the next.
 
 A cluster is one launch (`jdtensor.launcher`, on a thread of the test
-process) of N ``python -m jdtensor.testing._client --warm DIR`` clients.
+process) of N ``python -m jdtensor.testing._client --warm DIR DEVICE_TYPE``
+clients, which initialise as they start.
 A test is a job: its spec and body written to ``DIR/job-<k>.pkl``; each
 client runs it and writes its record to ``DIR/job-<k>/client-<c>.pkl``,
 then prints `_client.END_OF_JOB` on both streams, so that the job's output
@@ -11,10 +12,11 @@ the job's time-out is the launcher's (`run_attempt`'s ``timeout_at``), with
 every client's stacks.
 
 A cluster is reused by tests of the same shape (`Shape`: clients, devices,
-device type, the clients' environment) until
-a job fails, times out, is interrupted, or leaves behind what its clients
-could not put back: then it is retired (stopped) and the next test starts a
-new one. Clusters are stopped at the end of the pytest session (or module,
+device type, the clients' environment) until a job fails, times out, is
+interrupted, or leaves behind what its clients could not put back: then it
+is retired (stopped), and new clients of its shape start at once for the
+next test. At most `MAX_CLUSTERS` are kept (the one used longest ago goes).
+Clusters are stopped at the end of the pytest session (or module,
 ``--jdtensor-clusters``), and at exit.
 
 PURE of JAX: the test process never imports it.
@@ -147,7 +149,11 @@ class Cluster:
          shape.device_type),
         num_clients=shape.num_clients, devices_per_client=shape.devices_per_client,
         device_type=shape.device_type, timeout=None, grace=grace)
-    self._spec = launcher.startable(spec, env)
+    try:
+      self._spec = launcher.startable(spec, env)
+    except BaseException:
+      shutil.rmtree(self.dir, ignore_errors=True)  # Nothing started: nothing left.
+      raise
     self.env, self.grace = dict(env), grace
     self._start_lock = threading.Lock()
     self._thread = threading.Thread(target=self._run, daemon=True,
@@ -254,6 +260,11 @@ class Cluster:
         return
       time.sleep(_POLL)
 
+  def stop_soon(self) -> None:
+    """Tells the clients to end once they wait for a job (`retire` waits)."""
+    if self._thread.is_alive():
+      self._write_stop()
+
   def _write_stop(self) -> bool:
     """Tells the clients that wait for a job to end; False if it could not."""
     try:
@@ -322,6 +333,8 @@ def retire_all() -> None:
   with _lock:
     clusters = list(_clusters.values())
     _clusters.clear()
+  for cluster in clusters:
+    cluster.stop_soon()  # All at once; then each is waited for.
   for cluster in clusters:
     cluster.retire()
 

@@ -67,7 +67,8 @@ def pytest_runtest_teardown(item: Any, nextitem: Any) -> None:
   """With ``--jdtensor-clusters module``: the module's clusters end with it."""
   if item.config.getoption("jdtensor_clusters", "session") != "module":
     return
-  if nextitem is None or nextitem.module is not item.module:
+  if nextitem is None or getattr(nextitem, "module", None) is not getattr(
+      item, "module", None):
     _warm_clusters().retire_all()
 
 

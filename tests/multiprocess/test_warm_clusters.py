@@ -43,6 +43,7 @@ def examples():
 EXPECTED = {
     "test_changes_everything_it_can": "passed", "test_sees_none_of_it": "passed",
     "test_leaves_a_thread_running": "passed", "test_after_the_thread": "passed",
+    "test_leaves_a_process_running": "passed", "test_after_the_process": "passed",
     "test_leaves_a_file_open": "passed", "test_after_the_file": "passed",
     "test_leaves_a_default_mesh_open": "passed", "test_after_the_mesh": "passed",
     "test_stops_the_heartbeat": "passed", "test_after_the_heartbeat": "passed",
@@ -73,7 +74,7 @@ def test_a_cluster_is_shared_until_a_test_retires_it(examples):
   assert all(len(pids) == (1 if name.startswith("shape-") else 2)
              for name, pids in seen.items()), seen
   same = [("changes", "sees-none"), ("sees-none", "thread"),
-          ("after-thread", "file"), ("after-file", "mesh"), ("after-mesh", "heartbeat"),
+          ("after-thread", "process"), ("after-process", "file"), ("after-file", "mesh"), ("after-mesh", "heartbeat"),
           ("after-heartbeat", "fails"),
           ("after-failure", "times-out"), ("after-time-out", "kills"),
           ("after-kill", "exits"), ("after-exit", "after-fresh"),
@@ -81,7 +82,7 @@ def test_a_cluster_is_shared_until_a_test_retires_it(examples):
   for a, b in same:
     assert seen[a] == seen[b], (a, b, seen)
   # Retired after a passing test that left something, or after a failure.
-  new = [("thread", "after-thread"), ("file", "after-file"), ("mesh", "after-mesh"),
+  new = [("thread", "after-thread"), ("process", "after-process"), ("file", "after-file"), ("mesh", "after-mesh"),
          ("heartbeat", "after-heartbeat"),
          ("fails", "after-failure"), ("times-out", "after-time-out"),
          ("kills", "after-kill"), ("exits", "after-exit"), ("plain", "after-caught")]
@@ -103,6 +104,8 @@ def test_a_retired_cluster_is_said_with_its_reason(examples):
   _, _, out, _ = examples
   for test, why in (("test_leaves_a_thread_running", "a thread the body started is "
                      "still running: 'left-behind'"),
+                    ("test_leaves_a_process_running", "a process the body "
+                     "started is still running: pid "),
                     ("test_leaves_a_file_open", "the body left open: "
                      f"{EXAMPLES}"),
                     ("test_leaves_a_default_mesh_open", "a default_mesh scope the "
@@ -132,6 +135,31 @@ def test_no_client_is_left_after_the_session(examples):
   pids = set().union(*clients_of(out).values())
   assert pids and not [p for p in pids if pid_alive(p)]
   assert not left  # Nor a cluster's folder.
+
+
+@pytest.mark.parametrize("scope", ["session", "module", "fresh"])
+def test_clusters_are_kept_for_the_scope_asked(tmp_path, scope):
+  """--jdtensor-clusters: two modules of two tests each, one shape."""
+  for module in ("a", "b"):
+    (tmp_path / f"test_{module}.py").write_text(
+        "import os\n"
+        "from jdtensor.testing import multi_client\n"
+        + "".join(f"@multi_client(num_clients=2)\n"
+                  f"def test_{module}{k}():\n"
+                  f"  print(f'WARM {module}{k} {{os.getpid()}}', flush=True)\n"
+                  for k in (1, 2)))
+  code, outcomes, out = run_pytest(str(tmp_path), "-s", f"--jdtensor-clusters={scope}",
+                                   timeout=240)
+  assert code == 0 and len(outcomes) == 4, out
+  seen = clients_of(out)
+  shared = {"session": [("a1", "a2"), ("a2", "b1"), ("b1", "b2")],
+            "module": [("a1", "a2"), ("b1", "b2")], "fresh": []}[scope]
+  apart = {"session": [], "module": [("a2", "b1")],
+           "fresh": [("a1", "a2"), ("a2", "b1"), ("b1", "b2")]}[scope]
+  for a, b in shared:
+    assert seen[a] == seen[b], (scope, a, b, seen)
+  for a, b in apart:
+    assert not seen[a] & seen[b], (scope, a, b, seen)
 
 
 def test_ctrl_c_leaves_no_client_behind(tmp_path):

@@ -65,6 +65,18 @@ def test_after_the_thread():
 
 
 @multi_client(**SHAPE)
+def test_leaves_a_process_running():
+  import subprocess
+  mark("process")
+  test_leaves_a_process_running.child = subprocess.Popen(["sleep", "30"])
+
+
+@multi_client(**SHAPE)
+def test_after_the_process():
+  mark("after-process")
+
+
+@multi_client(**SHAPE)
 def test_leaves_a_file_open():
   mark("file")
   test_leaves_a_file_open.kept = open(__file__, "rb")  # noqa: SIM115
