@@ -66,6 +66,7 @@ _EXPORTS = {
     "relayout": "jdtensor.api",
     "shutdown_accelerator_system": "jdtensor.accelerator",
     "shutdown_tpu_system": "jdtensor.accelerator",
+    "step_done": "jdtensor.steps",
     "unpack": "jdtensor.api",
 }
 
@@ -138,6 +139,9 @@ if TYPE_CHECKING:  # Static view of the lazy names for type checkers and IDEs.
       is_initialized,
       shutdown_accelerator_system,
       shutdown_tpu_system,
+  )
+  from jdtensor.steps import (  # noqa: F401
+      step_done,
   )
 
 

@@ -96,6 +96,30 @@ def finished_clients(directory: str) -> set[int]:
   return _clients_with(directory, ".finished")
 
 
+def mark_first_step(directory: str, client: int, at: float) -> None:
+  """Records when `client` completed its first step (`jdtensor.step_done`)."""
+  try:
+    with open(os.path.join(directory, f"client-{client}.first-step"), "w") as f:
+      f.write(repr(at))
+  except OSError:
+    pass  # The launcher then gives no time to the first step.
+
+
+def first_steps(directory: str, clients: Sequence[int]) -> float | None:
+  """When the last of `clients` completed its first step, or None while one
+  has not said so (`mark_first_step`)."""
+  if not _clients_with(directory, ".first-step") >= set(clients):
+    return None
+  times = []
+  for client in clients:
+    try:
+      with open(os.path.join(directory, f"client-{client}.first-step")) as f:
+        times.append(float(f.read()))
+    except (OSError, ValueError):
+      return None
+  return max(times)
+
+
 def _clients_with(directory: str, suffix: str) -> set[int]:
   """The ids of the ``client-<id><suffix>`` files in `directory` (names
   only: nothing is read)."""

@@ -3,9 +3,9 @@
 Commands:
 
 * ``jdtensor launch [-n N] [--devices-per-client M] [--device-type CPU]
-  [--port P] [--timeout S] [--grace S] [--max-restarts K] [--nnodes NN
-  --node-rank R --coordinator HOST:PORT [--node-address HOST]] [--] cmd
-  args...``: run N clients on this node (see `jdtensor.launcher`).
+  [--port P] [--timeout S] [--grace S] [--max-restarts K [--no-compile-cache]]
+  [--nnodes NN --node-rank R --coordinator HOST:PORT [--node-address HOST]]
+  [--] cmd args...``: run N clients on this node (see `jdtensor.launcher`).
 * ``jdtensor demo [--steps K] [--checkpoint DIR] [--max-restarts K]``: 4
   clients x 2 simulated CPU devices train a data + model parallel MLP on a
   (batch=4, model=2) distributed mesh.
@@ -110,6 +110,11 @@ def get_parser() -> argparse.ArgumentParser:
                       help="after a failure, start every client again (new ports "
                       "and secret, JDTENSOR_RESTART_COUNT), up to this many "
                       "times (default 0)")
+  launch.add_argument("--no-compile-cache", dest="compile_cache",
+                      action="store_false",
+                      help="with --max-restarts: do not share JAX's compilation "
+                      "cache between the attempts (a restart then compiles every "
+                      "program again; also JDTENSOR_COMPILE_CACHE=false)")
   launch.add_argument("--log-dir", default=None, metavar="DIR",
                       help="also write each client's output, as it wrote it, to "
                       "DIR/client-<k>.log (created if needed; appended to, one "
@@ -210,7 +215,8 @@ def _launch(args: argparse.Namespace) -> int:
         port=args.port, timeout=args.timeout, grace=args.grace,
         nnodes=args.nnodes, node_rank=args.node_rank,
         coordinator=args.coordinator, node_address=args.node_address,
-        max_restarts=args.max_restarts, **extra).resolved(
+        max_restarts=args.max_restarts, compile_cache=args.compile_cache,
+        **extra).resolved(
             _env.process_environ(), "--devices-per-client")
   except (ConfigError, ValueError) as e:
     print(f"jdtensor launch: {e}", file=sys.stderr)

@@ -9,8 +9,9 @@ from __future__ import annotations
 __all__ = ["CUDA_VISIBLE_DEVICES", "DTENSOR_CLIENT_ID", "DTENSOR_ENABLE_HEARTBEAT",
            "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION",
            "DTENSOR_GPU_USE_NCCL_COMMUNICATION", "DTENSOR_JOBS", "DTENSOR_JOB_NAME",
-           "DTENSOR_NUM_CLIENTS", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS", "JDTENSOR_CLUSTER_DETECTION",
-           "JDTENSOR_COORDINATION_TIMEOUT", "JDTENSOR_COORDINATOR_BIND_ADDRESS",
+           "DTENSOR_NUM_CLIENTS", "JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE", "JAX_NUM_CPU_DEVICES",
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "JAX_PLATFORMS", "JDTENSOR_CLUSTER_DETECTION",
+           "JDTENSOR_COMPILE_CACHE", "JDTENSOR_COORDINATION_TIMEOUT", "JDTENSOR_COORDINATOR_BIND_ADDRESS",
            "JDTENSOR_HEARTBEAT_PERIOD", "JDTENSOR_HEARTBEAT_POLICY",
            "JDTENSOR_HEARTBEAT_TIMEOUT", "JDTENSOR_INIT_TIMEOUT",
            "JDTENSOR_K8S_JOB_NAME", "JDTENSOR_K8S_NUM_JOBS",
@@ -76,6 +77,13 @@ JDTENSOR_K8S_JOB_NAME = "JDTENSOR_K8S_JOB_NAME"
 # Set by `jdtensor launch --max-restarts` for its clients: 0 on the first
 # attempt, then 1, 2, ...
 JDTENSOR_RESTART_COUNT = "JDTENSOR_RESTART_COUNT"
+# Read by `jdtensor launch --max-restarts`: false turns off the compilation
+# cache its attempts share (as --no-compile-cache does).
+JDTENSOR_COMPILE_CACHE = "JDTENSOR_COMPILE_CACHE"
+# JAX's persistent compilation cache, as JAX reads it from the environment.
+JAX_COMPILATION_CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
+JAX_ENABLE_COMPILATION_CACHE = "JAX_ENABLE_COMPILATION_CACHE"
+JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 # Set by jdtensor in an initialised client's own environment ("<pid>
 # <client id> <coordinator>"): a child process that inherits it with the
 # same DTENSOR_* is refused at once instead of fighting its parent.

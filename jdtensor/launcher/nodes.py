@@ -37,7 +37,7 @@ from jdtensor import _env, _report
 from jdtensor._deadline import Deadline
 from jdtensor._wire import format_host_port, handshake_proof, split_host_port
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, ConfigError
-from jdtensor.launcher import supervisor
+from jdtensor.launcher import compile_cache, supervisor
 from jdtensor.launcher.meeting import NodeError, join, serve
 from jdtensor.launcher.output import say
 from jdtensor.launcher.meeting import Channel
@@ -128,8 +128,11 @@ class _Node0:
   """Node 0's side of the attempts: it gathers the nodes' ports, says ``go``,
   relays every failure, and decides for all."""
 
-  def __init__(self, spec: LaunchSpec, chans: dict[int, Channel], address: str):
+  def __init__(self, spec: LaunchSpec, chans: dict[int, Channel], address: str,
+               cache: compile_cache.CompileCache | None = None):
     self.spec, self.chans, self.address = spec, chans, address
+    self.cache = cache
+    self.shipped: set[str] = set()  # The cache entries the nodes were sent.
     self.inbox: queue.Queue = queue.Queue()
     for rank, chan in chans.items():
       chan.listen(rank, self.inbox)
@@ -186,6 +189,11 @@ class _Node0:
         raise NodeError(problem) from None
       go = {"jobs": jobs, "attempt": attempt, "nonce": secrets.token_hex(16),
             "secret": None if spec.secret else secrets.token_hex(32)}
+      if self.cache is not None and self.cache.owned:
+        for name, frames in compile_cache.new_entries(self.cache, self.shipped):
+          for frame in frames:
+            self.broadcast({"cache": frame})
+          self.shipped.add(name)
       self.broadcast({"go": go})
     finally:
       held.release()
@@ -248,6 +256,7 @@ class _Node0:
       result.first_failure = root.get("client") if root else None
       return _Decision(True, result.reason)
     self.broadcast({"next": {"attempt": attempt + 1, "root": root}})
+    _blame(result, root)
     return _Decision(False, f"jdtensor launch (node 0): restarting the group "
                             f"({attempt + 1} of {spec.max_restarts}) after: {root_text}")
 
@@ -264,8 +273,10 @@ class _NodeR:
   """Node R's side: sends its ports, waits for ``go``, reports its failures
   and its ``done``, and does what node 0 decides."""
 
-  def __init__(self, spec: LaunchSpec, chan: Channel, address: str):
+  def __init__(self, spec: LaunchSpec, chan: Channel, address: str,
+               cache: compile_cache.CompileCache | None = None):
     self.spec, self.chan, self.address = spec, chan, address
+    self.cache = cache
     self.me = spec.node_rank
     self.inbox: queue.Queue = queue.Queue()
     chan.listen(0, self.inbox)
@@ -294,7 +305,12 @@ class _NodeR:
     wait = _ROUND_SECONDS + (_join_seconds(self.spec) if attempt == 0 else 0.0)
     try:
       self.chan.send({"ports": [self.address, held.ports]})
-      frame = self.expect(("go", "finish"), Deadline(wait))
+      # Node 0's compilation cache comes first (from the second attempt on):
+      # only client 0 writes entries, and this node's clients would otherwise
+      # compile what the others read.
+      while "cache" in (frame := self.expect(("go", "finish", "cache"), Deadline(wait))):
+        if self.cache is not None and self.cache.owned:
+          compile_cache.receive(self.cache, frame["cache"])
     finally:
       held.release()
     if "finish" in frame:
@@ -341,6 +357,7 @@ class _NodeR:
                                "the run failed", result, spec.grace)
       return _Decision(True, result.reason)
     root = decision["next"].get("root")
+    _blame(result, root)
     return _Decision(False, f"jdtensor launch (node {me}): restarting the group "
                             f"({decision['next']['attempt']} of {spec.max_restarts}) "
                             f"after: {_root_text(root, me) if root else 'a failure'}")
@@ -355,8 +372,24 @@ class _NodeR:
 def run(spec: LaunchSpec, out: IO[str], err: IO[str],
         env: Mapping[str, str], signals: supervisor.Signals) -> LaunchResult:
   """Runs `spec` across its nodes and attempts; see the module docstring."""
+  cache, line = compile_cache.plan(spec.compile_cache, spec.max_restarts,
+                                   spec.device_type, env)
+  if line:
+    say(err, line)
+  if cache is not None:
+    env = {**env, **cache.env}
+  try:
+    return _run_nodes(spec, out, err, env, signals, cache)
+  finally:
+    if cache is not None:
+      cache.remove()
+
+
+def _run_nodes(spec: LaunchSpec, out: IO[str], err: IO[str], env: Mapping[str, str],
+               signals: supervisor.Signals,
+               cache: compile_cache.CompileCache | None) -> LaunchResult:
   if spec.nnodes == 1:
-    return _run_attempts(_OneNode(spec), spec, out, err, env, signals)
+    return _run_attempts(_OneNode(spec), spec, out, err, env, signals, cache)
   deadline = Deadline(_join_seconds(spec))
   if not spec.secret:
     err.write(f"jdtensor launch: warning: the nodes' handshake is not "
@@ -367,10 +400,11 @@ def run(spec: LaunchSpec, out: IO[str], err: IO[str],
     if spec.node_rank == 0:
       chans = serve(spec, deadline, err)
       address = spec.node_address or split_host_port(spec.coordinator or "")[0]
-      return _run_attempts(_Node0(spec, chans, address), spec, out, err, env, signals)
+      return _run_attempts(_Node0(spec, chans, address, cache), spec, out, err, env,
+                           signals, cache)
     chan, seen_as = join(spec, deadline)
-    return _run_attempts(_NodeR(spec, chan, spec.node_address or seen_as), spec, out,
-                         err, env, signals)
+    return _run_attempts(_NodeR(spec, chan, spec.node_address or seen_as, cache), spec,
+                         out, err, env, signals, cache)
   except NodeError as e:
     text = f"jdtensor launch (node {spec.node_rank}): {e}"
     say(err, text)
@@ -385,12 +419,48 @@ class _Decision:
   line: str = ""
 
 
+@dataclass
+class _Restart:
+  """One restart, for the time to recovery: the failure that ended the last
+  attempt (``time.time()``), and when the next attempt started and first
+  completed a step on this node."""
+  number: int
+  failed_at: float
+  cause: str
+  started_at: float | None = None
+  first_step_at: float | None = None
+
+
+def recovery_line(restarts: list[_Restart]) -> str:
+  """The summary's line on the restarts' times to recovery (from the failure
+  to the next attempt's first step, `jdtensor.step_done`), or '' for none."""
+  if not restarts:
+    return ""
+  parts, unknown = [], False
+  for r in restarts:
+    start = ("" if r.started_at is None
+             else f"{max(0.0, r.started_at - r.failed_at):.1f} s to start again")
+    if r.first_step_at is None:
+      unknown = True
+      parts.append(f"restart {r.number} after {r.cause}: {start or 'not started'}")
+      continue
+    assert r.started_at is not None
+    parts.append(f"restart {r.number} after {r.cause}: "
+                 f"{max(0.0, r.first_step_at - r.failed_at):.1f} s ({start}, "
+                 f"{max(0.0, r.first_step_at - r.started_at):.1f} s to the first step)")
+  hint = (" (call jdtensor.step_done() after each step for the time to the first "
+          "step)" if unknown else "")
+  return "jdtensor launch: time to recovery: " + "; ".join(parts) + hint
+
+
 def _run_attempts(node: Any, spec: LaunchSpec, out: IO[str], err: IO[str],
-                  env: Mapping[str, str], signals: supervisor.Signals) -> LaunchResult:
+                  env: Mapping[str, str], signals: supervisor.Signals,
+                  cache: compile_cache.CompileCache | None = None) -> LaunchResult:
   """The one restart loop: each attempt is set up by `node` (`begin`), run
   by `supervisor.run_attempt` with `node`'s watchers, and judged by `node`
   (`decide`): over, or started again."""
   attempt = 0
+  restarts: list[_Restart] = []
   try:
     while True:
       plan = node.begin(attempt)
@@ -398,19 +468,46 @@ def _run_attempts(node: Any, spec: LaunchSpec, out: IO[str], err: IO[str],
       result = supervisor.run_attempt(spec, plan, out, err, env, signals, stop_request,
                                       on_failure, quiet=True)
       result.restarts = plan.restart_count
+      if restarts:
+        restarts[-1].started_at = result.started_at
+        restarts[-1].first_step_at = result.first_step_at
+      ended = time.time()
       decision = node.decide(result, signals)
-      if decision.line:
-        say(err, decision.line)
-      for line in result.verdict_stacks:  # Under the summary it words.
+      line = decision.line
+      if not decision.over and result.started_at is not None:
+        line += f"; attempt {attempt + 1} ran {ended - result.started_at:.1f} s"
+      if line:
         say(err, line)
+      for text in result.verdict_stacks:  # Under the summary it words.
+        say(err, text)
       if decision.over:
+        if restarts:
+          say(err, recovery_line(restarts))
         return result
+      restarts.append(_Restart(attempt + 1, result.failed_at or ended,
+                               _cause(result)))
+      if cache is not None:
+        cache.drop_incomplete(since=result.started_at or ended)
       attempt += 1
   except NodeError as e:
     node.on_error(e)
     raise
   finally:
     node.close()
+
+
+def _cause(result: LaunchResult) -> str:
+  """The failure an attempt ended with, in a few words, for the recovery
+  line: the root cause's client where known."""
+  client = result.first_failure
+  return "a failure" if client is None else f"client {client}'s failure"
+
+
+def _blame(result: LaunchResult, root: dict[str, Any] | None) -> None:
+  """The group's root cause (on any node), and when it failed, in `result`."""
+  if root:
+    result.first_failure = root.get("client")
+    result.failed_at = root.get("at") or result.failed_at
 
 
 class _OneNode:

@@ -64,6 +64,9 @@ class LaunchSpec:
       line); None keeps the output on the console only.
     log_only: With `log_dir`, the clients' output goes to the files only
       (the launcher's own lines stay on the console).
+    compile_cache: With `max_restarts`, the attempts share one JAX
+      persistent compilation cache (`jdtensor.launcher.compile_cache`), so
+      that a restart reads what the last attempt compiled.
   """
   command: tuple[str, ...]
   num_clients: int | None = 2
@@ -81,6 +84,7 @@ class LaunchSpec:
   max_restarts: int = 0
   log_dir: str | None = None
   log_only: bool = False
+  compile_cache: bool = True
   gpu_assignment: tuple[tuple[str, ...], ...] | None = field(default=None, repr=False)
 
   def __post_init__(self) -> None:
@@ -178,6 +182,9 @@ class LaunchResult:
     verdict_stacks: The lines under the summary when a client's heartbeat
       named a verdict: where each of this node's clients' main thread was
       (one line per place), or that it could not answer.
+    started_at: When this attempt's clients were started (``time.time()``).
+    first_step_at: When the last of this node's clients said it completed
+      its first step (`jdtensor.step_done`), or None.
   """
   returncodes: list[int | None] = field(default_factory=list)
   pids: list[int] = field(default_factory=list)
@@ -192,6 +199,8 @@ class LaunchResult:
   stopped: list[int] = field(default_factory=list)
   killed: list[int] = field(default_factory=list)
   verdict_stacks: list[str] = field(default_factory=list)
+  started_at: float | None = None
+  first_step_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ from typing import IO, Any
 from jdtensor import _env, _status
 from jdtensor._ids import ids_text
 from jdtensor._report import (ClientEnd, Report, VerdictStack, describe_exit,
-                              finished_clients, root_cause, stack_lines, summary)
+                              finished_clients, first_steps, root_cause, stack_lines,
+                              summary)
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 from jdtensor.launcher.output import ClientLog, Output
 from jdtensor.launcher.processes import (signal_groups, stop_escaped, stop_process_groups,
@@ -102,6 +103,8 @@ class _Supervisor:
     # Lines under the summary: each client's main thread at the verdict.
     self.stack_lines: list[str] = []
     self.timeout_at = timeout_at
+    # When every client of this node said it completed its first step.
+    self.first_step_at: float | None = None
 
   def start(self) -> None:
     # `jdtensor status` finds the run here (this user's, this machine's).
@@ -257,6 +260,8 @@ class _Supervisor:
       timeout_at = lambda: None if at is None else (at, limit)  # noqa: E731
     while True:
       codes = self._poll()
+      if self.first_step_at is None:
+        self.first_step_at = first_steps(self.report_dir, self.ids)
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
       if self.interrupt.suspend_refused:
         self.interrupt.suspend_refused = False
@@ -333,6 +338,10 @@ class _Supervisor:
     result.ended_at = [self.exit_wall.get(i) for i in range(len(self.procs))]
     result.stopped = list(self.stopped)
     result.killed = list(self.killed)
+    result.started_at = self.started
+    if self.first_step_at is None:  # Said just before the clients ended.
+      self.first_step_at = first_steps(self.report_dir, self.ids)
+    result.first_step_at = self.first_step_at
     return result
 
   def _stop_escaped_output_holders(self) -> None:
