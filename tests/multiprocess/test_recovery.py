@@ -67,3 +67,72 @@ def test_no_compile_cache_line_where_the_user_turned_it_off():
   assert "compil" not in "".join(l for l in text.splitlines(True)
                                  if l.startswith("jdtensor launch:")), text
   assert "time to recovery" not in text  # No restart happened.
+
+
+# A client on a (faked) GPU node, without JAX: in the first attempt, client 0
+# writes two entries into the cache folder the launcher gave it, one whole
+# and one cut short (as a client killed while writing leaves it), and client
+# 1 then fails; in the second, each client lists its folder.
+_GPU_CLIENT = r"""
+import hashlib, json, os, sys, time, zlib
+folder = os.environ["JAX_COMPILATION_CACHE_DIR"]
+client, attempt = int(os.environ["DTENSOR_CLIENT_ID"]), int(os.environ["JDTENSOR_RESTART_COUNT"])
+entry = zlib.compress(b"a compiled step " * 50_000)
+if attempt == 0:
+  if client == 0:
+    open(os.path.join(folder, "jit_step-1-cache"), "wb").write(entry)
+    open(os.path.join(folder, "jit_cut-2-cache"), "wb").write(entry[:1000])
+    print("WROTE", flush=True)
+    time.sleep(60)
+  time.sleep(2)
+  sys.exit(1)
+files = {n: hashlib.sha256(open(os.path.join(folder, n), "rb").read()).hexdigest()
+         for n in sorted(os.listdir(folder))}
+print("RESULT cache=" + json.dumps({"folder": folder, "files": files,
+      "want": hashlib.sha256(entry).hexdigest()}), flush=True)
+"""
+
+
+def test_a_gpu_runs_restart_finds_node_0s_entries_on_every_node():
+  """Two node launchers on (faked) GPU nodes: the attempts share each node's
+  run-scoped folder; between the attempts node 0 drops the entry cut short
+  and ships the whole one to node 1; both folders go at the end."""
+  import subprocess
+  import threading
+  from jdtensor.launcher.processes import stop_process_groups
+  from tests.helpers import fake_gpu_node_command, free_port
+  coordinator = f"127.0.0.1:{free_port()}"
+  env = clean_env(**TEST_TIMEOUTS, JDTENSOR_RUN_SECRET="recovery test secret " + "x" * 12)
+  env.pop("JAX_PLATFORMS")
+  env.pop("CUDA_VISIBLE_DEVICES", None)
+  procs = [subprocess.Popen(
+      fake_gpu_node_command(1, [
+          sys.executable, "-m", "jdtensor", "launch", "--device-type", "GPU",
+          "--nnodes", "2", "--node-rank", str(rank), "--coordinator", coordinator,
+          "--max-restarts", "1", "--grace", "2", "--timeout", "90", "--",
+          sys.executable, "-c", _GPU_CLIENT]),
+      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      start_new_session=True) for rank in (0, 1)]
+  guard = threading.Timer(120, stop_process_groups, (procs,), {"grace": 3})
+  guard.start()
+  try:
+    texts = [p.communicate()[0] for p in procs]
+  finally:
+    guard.cancel()
+    stop_process_groups(procs, grace=3)
+  assert [p.returncode for p in procs] == [0, 0], texts
+  folders = []
+  for rank, text in enumerate(texts):
+    line = re.search(r"^jdtensor launch: restarts reuse compiled programs: JAX's "
+                     r"compilation cache in (\S+) \(removed at the end; ", text, re.M)
+    assert line, text
+    folders.append(line.group(1))
+    assert not os.path.exists(line.group(1)), text  # Removed at the end.
+  assert folders[0] != folders[1]
+  results = {**parse_results(texts[0]), **parse_results(texts[1])}
+  assert sorted(results) == [0, 1], texts
+  for client, folder in enumerate(folders):
+    seen = results[client]["cache"]
+    assert seen["folder"] == folder
+    # The whole entry on both nodes, byte for byte; the cut one nowhere.
+    assert seen["files"] == {"jit_step-1-cache": seen["want"]}, texts
