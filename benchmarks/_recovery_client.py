@@ -1,0 +1,87 @@
+"""The training loop of benchmarks/bench_recovery.py (one client).
+
+A step is one jit program of ``LAYERS`` unrolled layers with a cross-client
+sum (``LAYERS=150``: about 5 s to compile on 2 cores); every ``EVERY`` steps
+each client saves its weights (numpy, ``CKPT/step-<n>-client-<k>.npy``);
+after a restart every client resumes from the last step all of them saved.
+Client ``KILL`` SIGKILLs itself after step ``KILL_AT`` of the first
+attempt. Each phase's end is printed as ``MARK <name> <time.time()>``:
+``started`` (before any import), ``imported``, ``initialized``,
+``restored``, ``first_step`` (compiled and run), ``done``.
+"""
+
+import time
+
+STARTED = time.time()
+
+import glob  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jdtensor  # noqa: E402
+
+
+def mark(name: str, at: float | None = None) -> None:
+  print(f"MARK {name} {time.time() if at is None else at:.6f}", flush=True)
+
+
+mark("started", STARTED)
+mark("imported")
+LAYERS = int(os.environ.get("LAYERS", "150"))
+STEPS = int(os.environ.get("STEPS", "40"))
+EVERY = int(os.environ.get("EVERY", "10"))
+KILL = int(os.environ.get("KILL", "2"))
+KILL_AT = int(os.environ.get("KILL_AT", "25"))
+CKPT = os.environ["CKPT"]
+
+jdtensor.initialize_accelerator_system("CPU")
+me, n = jdtensor.client_id(), jdtensor.num_clients()
+attempt = int(os.environ.get("JDTENSOR_RESTART_COUNT", "0"))
+mark("initialized")
+
+
+def saved_by_all() -> int:
+  """The last step every client saved (0: none)."""
+  steps = set()
+  for path in glob.glob(os.path.join(CKPT, "step-*-client-0.npy")):
+    step = int(os.path.basename(path).split("-")[1])
+    if all(os.path.exists(os.path.join(CKPT, f"step-{step}-client-{k}.npy"))
+           for k in range(n)):
+      steps.add(step)
+  return max(steps, default=0)
+
+
+mesh = jax.make_mesh((jax.device_count(),), ("x",))
+
+
+@jax.jit
+def step(w, x):
+  for i in range(LAYERS):
+    x = jnp.tanh(x @ w + i / LAYERS)
+  return w - 1e-3 * jnp.mean(x), jnp.sum(x)
+
+
+start = saved_by_all()
+w = (jnp.asarray(np.load(os.path.join(CKPT, f"step-{start}-client-{me}.npy")))
+     if start else jnp.eye(32, dtype=jnp.float32))
+mark("restored")
+x = jax.make_array_from_process_local_data(
+    NamedSharding(mesh, P("x")),
+    np.full((4 * jax.local_device_count(), 32), me + 1.0, np.float32))
+for k in range(start, STEPS):
+  w, loss = step(w, x)
+  float(loss)
+  if k == start:
+    mark("first_step")
+  jdtensor.step_done()
+  if (k + 1) % EVERY == 0:
+    np.save(os.path.join(CKPT, f"step-{k + 1}-client-{me}.npy"), np.asarray(w))
+  if attempt == 0 and me == KILL and k + 1 == KILL_AT:
+    mark("killed")
+    os.kill(os.getpid(), signal.SIGKILL)
+mark("done")
