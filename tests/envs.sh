@@ -171,7 +171,8 @@ run_integration() {
   echo "+ integration: flax, optax, orbax, Keras 3, grain (jax $MIDDLE_JAX)"
   say_versions "$ROOT/integration" "$MIDDLE_JAX"
   KERAS_BACKEND=jax "$ROOT/integration/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/integration "tests/multiprocess/test_invisible.py::test_orbax_checkpoint_manager_beside_the_heartbeat"
+    tests/integration "tests/multiprocess/test_invisible.py::test_orbax_checkpoint_manager_beside_the_heartbeat" \
+    "tests/test_docs.py::test_every_example_runs_as_its_page_says[restart_orbax.py]"
 }
 
 run_docs() {

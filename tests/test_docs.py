@@ -2,14 +2,17 @@
 
 Every Python example in the guides is a file under ``docs/examples/`` that
 the pages include (`literalinclude`); its docstring says how to run it
-(``Run:``), what its output must contain (``Expect:``) and, when it is not 0,
-its exit code (``Exit:``). The README's example is one of those files,
+(``Run:``), what its output must contain (``Expect:``), when it is not 0,
+its exit code (``Exit:``), and the modules it needs beyond jdtensor's own
+(``Needs:``; skipped where one is missing: the integration environment has
+them). The README's example is one of those files,
 word for word. The docs build itself (Sphinx, warnings as errors) runs in its
 own environment: ``bash tests/envs.sh docs``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -44,6 +47,9 @@ def _header(path: pathlib.Path) -> tuple[str, list[str], int]:
 @pytest.mark.parametrize("example", [p.name for p in _examples()])
 def test_every_example_runs_as_its_page_says(example, tmp_path):
   command, expected, exit_code = _header(EXAMPLES / example)
+  for module in re.findall(r"^Needs: (.+)$", (EXAMPLES / example).read_text(), re.M):
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+      pytest.skip(f"{example} needs {module} (pip install -e '.[integration]')")
   env = clean_env(CHECKPOINTS=str(tmp_path))
   env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
   proc = subprocess.Popen(["bash", "-c", command], cwd=EXAMPLES, env=env,

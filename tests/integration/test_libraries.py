@@ -129,3 +129,31 @@ def test_multihost_utils_and_make_mesh_loops_have_no_wrong_result():
     assert r["loops"]["wrong"] == dict.fromkeys(r["loops"]["wrong"], 0)
     assert len(r["loops"]["wrong"]) == 6
   assert not re.search(r"heartbeat: .*(missed|stall|stuck)", output), output[-3000:]
+
+
+def test_the_restart_recipe_resumes_after_a_preemption(tmp_path):
+  """docs/examples/restart_orbax.py (its kill and restart: tests/test_docs.py):
+  client 1 gets a SIGTERM at step 12; every client saves the same step and
+  the run ends with 0; the same command resumes after that step."""
+  need("orbax.checkpoint")
+  example = os.path.join(REPO, "docs", "examples", "restart_orbax.py")
+
+  def launch(**env):
+    proc = subprocess.run(
+        [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--max-restarts", "1",
+         "--timeout", "200", "--", sys.executable, example],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+        env=clean_env(**{**TEST_TIMEOUTS, "CHECKPOINTS": str(tmp_path), **env}))
+    return proc.returncode, proc.stdout + proc.stderr
+  code, text = launch(DEMO_PREEMPT_AT="12")
+  assert code == 0, text[-4000:]
+  saved = re.findall(r"^\[client (\d)\] preempted: saved step (\d+)$", text, re.M)
+  assert sorted(c for c, _ in saved) == ["0", "1"], text[-4000:]
+  step = {int(s) for _, s in saved}
+  assert len(step) == 1 and 12 <= next(iter(step)) < 29, text[-4000:]
+  assert "restarting" not in text  # A preemption is not a failure.
+  code, text = launch()
+  assert code == 0, text[-4000:]
+  for client in (0, 1):
+    assert f"[client {client}] resumed after step {next(iter(step))}\n" in text, text
+    assert f"[client {client}] done: step 29\n" in text, text
