@@ -22,8 +22,9 @@ What JAX does, and what that means here (jax 0.9 to 0.12):
 * An entry is written in place, not renamed into place: a client killed
   while it writes leaves a truncated file, which JAX then fails to read on
   every later attempt (a warning each time) and never writes again (it
-  exists). `CompileCache.drop_incomplete` removes such entries between
-  attempts: an entry is one compressed stream (zlib, or zstd where JAX has
+  exists). `CompileCache.drop_incomplete` removes such entries from the
+  launcher's own folder between attempts (a folder of the user's is left as
+  it is): an entry is one compressed stream (zlib, or zstd where JAX has
   it), complete or not by its own framing.
 * JAX writes only programs that took at least
   ``jax_persistent_cache_min_compile_time_secs`` to compile (1 s by default):

@@ -486,7 +486,7 @@ def _run_attempts(node: Any, spec: LaunchSpec, out: IO[str], err: IO[str],
         return result
       restarts.append(_Restart(attempt + 1, result.failed_at or ended,
                                _cause(result)))
-      if cache is not None:
+      if cache is not None and cache.owned:  # The user's own is left alone.
         cache.drop_incomplete(since=result.started_at or ended)
       attempt += 1
   except NodeError as e:

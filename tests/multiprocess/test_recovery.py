@@ -93,26 +93,32 @@ print("RESULT cache=" + json.dumps({"folder": folder, "files": files,
 """
 
 
-def test_a_gpu_runs_restart_finds_node_0s_entries_on_every_node():
-  """Two node launchers on (faked) GPU nodes: the attempts share each node's
-  run-scoped folder; between the attempts node 0 drops the entry cut short
-  and ships the whole one to node 1; both folders go at the end."""
+@pytest.mark.parametrize("nodes,own", [(1, False), (2, False), (1, True)],
+                         ids=["one-node", "two-nodes", "users-own-folder"])
+def test_a_gpu_runs_restart_finds_client_0s_entries(nodes, own, tmp_path):
+  """Launchers on (faked) GPU nodes, 2 clients in all: the attempts share
+  each node's run-scoped folder; between the attempts the entry cut short
+  is dropped and node 0 ships the whole one to node 1; the folders go at
+  the end. A folder of the user's own is used as it is and left in place."""
   import subprocess
   import threading
   from jdtensor.launcher.processes import stop_process_groups
   from tests.helpers import fake_gpu_node_command, free_port
-  coordinator = f"127.0.0.1:{free_port()}"
   env = clean_env(**TEST_TIMEOUTS, JDTENSOR_RUN_SECRET="recovery test secret " + "x" * 12)
   env.pop("JAX_PLATFORMS")
   env.pop("CUDA_VISIBLE_DEVICES", None)
+  if own:
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path)
+  per_node = 2 // nodes
+  coordinator = ["--nnodes", str(nodes), "--coordinator", f"127.0.0.1:{free_port()}"]
   procs = [subprocess.Popen(
-      fake_gpu_node_command(1, [
+      fake_gpu_node_command(per_node, [
           sys.executable, "-m", "jdtensor", "launch", "--device-type", "GPU",
-          "--nnodes", "2", "--node-rank", str(rank), "--coordinator", coordinator,
+          *(coordinator + ["--node-rank", str(rank)] if nodes > 1 else []),
           "--max-restarts", "1", "--grace", "2", "--timeout", "90", "--",
           sys.executable, "-c", _GPU_CLIENT]),
       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      start_new_session=True) for rank in (0, 1)]
+      start_new_session=True) for rank in range(nodes)]
   guard = threading.Timer(120, stop_process_groups, (procs,), {"grace": 3})
   guard.start()
   try:
@@ -120,19 +126,32 @@ def test_a_gpu_runs_restart_finds_node_0s_entries_on_every_node():
   finally:
     guard.cancel()
     stop_process_groups(procs, grace=3)
-  assert [p.returncode for p in procs] == [0, 0], texts
+  assert [p.returncode for p in procs] == [0] * nodes, texts
   folders = []
-  for rank, text in enumerate(texts):
+  for text in texts:
+    if own:
+      assert (f"jdtensor launch: restarts reuse compiled programs: JAX's compilation "
+              f"cache in {tmp_path} (your JAX_COMPILATION_CACHE_DIR, left in place)"
+              in text), text
+      folders.append(str(tmp_path))
+      continue
     line = re.search(r"^jdtensor launch: restarts reuse compiled programs: JAX's "
                      r"compilation cache in (\S+) \(removed at the end; ", text, re.M)
     assert line, text
     folders.append(line.group(1))
     assert not os.path.exists(line.group(1)), text  # Removed at the end.
-  assert folders[0] != folders[1]
-  results = {**parse_results(texts[0]), **parse_results(texts[1])}
+  assert len(set(folders)) == nodes
+  results = {}
+  for text in texts:
+    results.update(parse_results(text))
   assert sorted(results) == [0, 1], texts
-  for client, folder in enumerate(folders):
+  for client in (0, 1):
     seen = results[client]["cache"]
-    assert seen["folder"] == folder
-    # The whole entry on both nodes, byte for byte; the cut one nowhere.
-    assert seen["files"] == {"jit_step-1-cache": seen["want"]}, texts
+    assert seen["folder"] == folders[client // per_node]
+    if own:  # Nothing of the user's folder is touched, the entry cut short included.
+      assert sorted(seen["files"]) == ["jit_cut-2-cache", "jit_step-1-cache"], texts
+      assert seen["files"]["jit_step-1-cache"] == seen["want"]
+    else:  # The whole entry on every node, byte for byte; the cut one nowhere.
+      assert seen["files"] == {"jit_step-1-cache": seen["want"]}, texts
+  if own:
+    assert sorted(os.listdir(tmp_path)) == ["jit_cut-2-cache", "jit_step-1-cache"]
