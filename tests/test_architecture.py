@@ -19,7 +19,8 @@ MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if str(p.relative_to(PACKAGE)) != PRIVATE_JAX)
 # The launcher's parent process and the pure layers: not even numpy.
 STDLIB_ONLY = ["launcher", "launcher.gpus", "launcher.spec", "launcher.processes", "launcher.output",
-               "launcher.supervisor", "launcher.meeting", "launcher.nodes", "_report", "_wire",
+               "launcher.supervisor", "launcher.meeting", "launcher.compile_cache",
+               "launcher.nodes", "_report", "_wire", "steps",
                "_status",
                "_jaxlib_texts", "_monitoring",
                "cli", "_env", "cluster", "errors",
@@ -184,7 +185,7 @@ LAYERS = [
                    "_env.runtime_env", "_env.heartbeat_env", "_env", "_logging",
                    "_deadline", "_ids", "_limits", "device_spec", "_device_nodes", "_wire",
                    "_jaxlib_texts", "_monitoring",
-                   "_report", "_status", "cluster"]),
+                   "_report", "_status", "cluster", "steps"]),
     ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),
     ("runtime leaves", ["runtime.links", "runtime.handshake",
                         "runtime.host",
@@ -202,7 +203,8 @@ LAYERS = [
     ("DTensor's face", ["config", "api", "mesh_util", "tpu.mesh", "tpu.system",
                         "accelerator"]),
     ("the launcher", ["launcher.gpus", "launcher.spec", "launcher.processes", "launcher.output",
-                      "launcher.supervisor", "launcher.meeting", "launcher.nodes", "launcher"]),
+                      "launcher.supervisor", "launcher.meeting", "launcher.compile_cache",
+                      "launcher.nodes", "launcher"]),
     ("tools", ["cli", "demo", "__main__", "testing", "testing._transport",
                "testing._client", "testing._warm", "testing.pytest_plugin"]),
 ]
