@@ -476,13 +476,13 @@ def _run_attempts(node: Any, spec: LaunchSpec, out: IO[str], err: IO[str],
       line = decision.line
       if not decision.over and result.started_at is not None:
         line += f"; attempt {attempt + 1} ran {ended - result.started_at:.1f} s"
+      if decision.over and restarts:  # Before the summary: that stays the last word.
+        say(err, recovery_line(restarts))
       if line:
         say(err, line)
       for text in result.verdict_stacks:  # Under the summary it words.
         say(err, text)
       if decision.over:
-        if restarts:
-          say(err, recovery_line(restarts))
         return result
       restarts.append(_Restart(attempt + 1, result.failed_at or ended,
                                _cause(result)))

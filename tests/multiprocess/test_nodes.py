@@ -142,15 +142,22 @@ def test_one_node_restarts_too():
                   SCENARIO_ON_ATTEMPT="0", STEPS="5")
   codes = run.finish(180)
   assert codes == [0], run.out
-  # One line per restart, with the attempt's whole summary, then where each
-  # client was at the verdict (client 0's heartbeat named client 1's early
-  # exit); nothing else.
+  # Why restarts compile again (a CPU run), then one line per restart, with
+  # the attempt's whole summary and how long it ran, then where each client
+  # was at the verdict (client 0's heartbeat named client 1's early exit),
+  # and at the end the restart's time to recovery; nothing else.
   lines = re.findall(r"^(?:jdtensor launch: |  clients? ).*$", run.out[0], re.M)
-  assert len(lines) == 4, run.out[0]
+  assert len(lines) == 6, run.out[0]
+  assert lines[0].startswith("jdtensor launch: restarts compile every program again "
+                             "on CPU: "), lines
   assert re.fullmatch(r"jdtensor launch: restarting \(1 of 2\) after: client 1 "
-                      r"exited with code 3; stopped clients .*", lines[0]), lines
-  assert lines[1] == "jdtensor launch: main threads when the verdict was named:", lines
-  assert sorted(l.split(":")[0] for l in lines[2:]) == ["  client 0", "  client 1"], lines
+                      r"exited with code 3; stopped clients .*; attempt 1 ran "
+                      r"\d+\.\d s", lines[1]), lines
+  assert lines[2] == "jdtensor launch: main threads when the verdict was named:", lines
+  assert sorted(l.split(":")[0] for l in lines[3:5]) == ["  client 0", "  client 1"], lines
+  assert re.fullmatch(r"jdtensor launch: time to recovery: restart 1 after client 1's "
+                      r"failure: \d+\.\d s to start again \(call jdtensor.step_done\(\) "
+                      r"after each step for the time to the first step\)", lines[5]), lines
 
 
 def test_a_node_that_never_comes_is_named_after_the_timeout():
