@@ -1,13 +1,17 @@
-"""The training loop of benchmarks/bench_recovery.py (one client).
+"""The training loop of benchmarks/bench_recovery.py and
+tests/multiprocess/test_recovery.py (one client).
 
 A step is one jit program of ``LAYERS`` unrolled layers with a cross-client
-sum (``LAYERS=150``: about 5 s to compile on 2 cores); every ``EVERY`` steps
-each client saves its weights (numpy, ``CKPT/step-<n>-client-<k>.npy``);
-after a restart every client resumes from the last step all of them saved.
-Client ``KILL`` SIGKILLs itself after step ``KILL_AT`` of the first
-attempt. Each phase's end is printed as ``MARK <name> <time.time()>``:
-``started`` (before any import), ``imported``, ``initialized``,
-``restored``, ``first_step`` (compiled and run), ``done``.
+sum (``LAYERS=150``: about 5 s to compile on 2 cores); with ``CKPT``, every
+``EVERY`` steps each client saves its weights (numpy,
+``CKPT/step-<n>-client-<k>.npy``), and after a restart every client resumes
+from the last step all of them saved. After each step it calls
+`jdtensor.step_done` (not with ``STEP_DONE=0``). Client ``KILL`` SIGKILLs
+itself after step ``KILL_AT`` of the first attempt. Each phase's end is
+printed as ``MARK <name> <time.time()>``: ``started`` (before any import),
+``imported``, ``initialized``, ``restored``, ``first_step`` (compiled and
+run), ``done``; at the end, ``RESULT attempt=...``: the attempt and JAX's
+compilation-cache hits.
 """
 
 import time
@@ -15,6 +19,7 @@ import time
 STARTED = time.time()
 
 import glob  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 
@@ -30,6 +35,10 @@ def mark(name: str, at: float | None = None) -> None:
   print(f"MARK {name} {time.time() if at is None else at:.6f}", flush=True)
 
 
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **kwargs: hits.append(event)
+    if event == "/jax/compilation_cache/cache_hits" else None)
 mark("started", STARTED)
 mark("imported")
 LAYERS = int(os.environ.get("LAYERS", "150"))
@@ -37,7 +46,8 @@ STEPS = int(os.environ.get("STEPS", "40"))
 EVERY = int(os.environ.get("EVERY", "10"))
 KILL = int(os.environ.get("KILL", "2"))
 KILL_AT = int(os.environ.get("KILL_AT", "25"))
-CKPT = os.environ["CKPT"]
+CKPT = os.environ.get("CKPT")
+STEP_DONE = os.environ.get("STEP_DONE", "1") == "1"
 
 jdtensor.initialize_accelerator_system("CPU")
 me, n = jdtensor.client_id(), jdtensor.num_clients()
@@ -47,6 +57,8 @@ mark("initialized")
 
 def saved_by_all() -> int:
   """The last step every client saved (0: none)."""
+  if not CKPT:
+    return 0
   steps = set()
   for path in glob.glob(os.path.join(CKPT, "step-*-client-0.npy")):
     step = int(os.path.basename(path).split("-")[1])
@@ -78,10 +90,12 @@ for k in range(start, STEPS):
   float(loss)
   if k == start:
     mark("first_step")
-  jdtensor.step_done()
-  if (k + 1) % EVERY == 0:
+  if STEP_DONE:
+    jdtensor.step_done()
+  if CKPT and (k + 1) % EVERY == 0:
     np.save(os.path.join(CKPT, f"step-{k + 1}-client-{me}.npy"), np.asarray(w))
   if attempt == 0 and me == KILL and k + 1 == KILL_AT:
     mark("killed")
     os.kill(os.getpid(), signal.SIGKILL)
 mark("done")
+print("RESULT attempt=" + json.dumps({"attempt": attempt, "hits": len(hits)}), flush=True)

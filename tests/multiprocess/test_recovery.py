@@ -18,7 +18,7 @@ from tests.helpers import REPO, TEST_TIMEOUTS, clean_env, parse_results, run_pyt
 
 pytestmark = pytest.mark.multiprocess
 
-CLIENT = os.path.join(REPO, "tests", "multiprocess", "recovery_client.py")
+CLIENT = os.path.join(REPO, "benchmarks", "_recovery_client.py")
 
 
 def launch(*args, **env):
@@ -29,13 +29,14 @@ def launch(*args, **env):
       sys.exit(main(["launch", "-n", "4", "--max-restarts", "1", "--grace", "5",
                      "--timeout", "150", *{list(args)!r}, "--", sys.executable,
                      {CLIENT!r}]))
-      """, env=clean_env(**{**TEST_TIMEOUTS, "LAYERS": "20", **env}), timeout=180)
+      """, env=clean_env(**{**TEST_TIMEOUTS, "LAYERS": "20", "STEPS": "4", "KILL": "-1",
+                            **env}), timeout=180)
   return res.returncode, res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("step_done", [True, False], ids=["step-done", "no-step-done"])
 def test_a_restart_says_how_long_it_took_to_recover(step_done):
-  code, text = launch(KILL="2", KILL_AT="1", STEP_DONE="1" if step_done else "0")
+  code, text = launch(KILL="2", KILL_AT="2", STEP_DONE="1" if step_done else "0")
   assert code == 0, text
   assert text.count(f"jdtensor launch: restarts compile every program again on CPU: "
                     f"{CPU_REASON}") == 1, text
