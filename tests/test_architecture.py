@@ -19,7 +19,7 @@ MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if str(p.relative_to(PACKAGE)) != PRIVATE_JAX)
 # The launcher's parent process and the pure layers: not even numpy.
 STDLIB_ONLY = ["launcher", "launcher.gpus", "launcher.spec", "launcher.processes", "launcher.output",
-               "launcher.supervisor", "launcher.meeting", "launcher.compile_cache",
+               "launcher.supervisor", "launcher.channels", "launcher.compile_cache",
                "launcher.nodes", "_report", "_wire", "steps",
                "_status",
                "_jaxlib_texts", "_monitoring",
@@ -203,7 +203,7 @@ LAYERS = [
     ("DTensor's face", ["config", "api", "mesh_util", "tpu.mesh", "tpu.system",
                         "accelerator"]),
     ("the launcher", ["launcher.gpus", "launcher.spec", "launcher.processes", "launcher.output",
-                      "launcher.supervisor", "launcher.meeting", "launcher.compile_cache",
+                      "launcher.supervisor", "launcher.channels", "launcher.compile_cache",
                       "launcher.nodes", "launcher"]),
     ("tools", ["cli", "demo", "__main__", "testing", "testing._transport",
                "testing._client", "testing._warm", "testing.pytest_plugin"]),

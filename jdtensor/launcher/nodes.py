@@ -38,10 +38,10 @@ from jdtensor._deadline import Deadline
 from jdtensor._wire import format_host_port, handshake_proof, split_host_port
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, ConfigError
 from jdtensor.launcher import compile_cache, supervisor
-from jdtensor.launcher.meeting import NodeError, join, serve
+from jdtensor.launcher.channels import NodeError, join, serve
 from jdtensor.launcher.output import say
-from jdtensor.launcher.meeting import Channel
-from jdtensor.launcher.spec import (Attempt, Failure, HeldPorts, LaunchResult,
+from jdtensor.launcher.channels import Channel
+from jdtensor.launcher.spec import (Attempt, NodeFailure, HeldPorts, LaunchResult,
                                     LaunchSpec)
 
 __all__ = ["run", "NodeError"]
@@ -84,7 +84,7 @@ def _ports(spec: LaunchSpec, host: str
 
 # -- attempts ---------------------------------------------------------------------
 
-def _failure_frame(node: int, failure: Failure) -> dict[str, Any]:
+def _failure_frame(node: int, failure: NodeFailure) -> dict[str, Any]:
   return {"node": node, "client": failure.client, "what": failure.what,
           "own": failure.own, "at": failure.at}
 
@@ -207,7 +207,7 @@ class _Node0:
     elif "done" in frame:
       self.done[rank] = frame["done"]
 
-  def _on_failure(self, failure: Failure) -> None:
+  def _on_failure(self, failure: NodeFailure) -> None:
     frame = _failure_frame(0, failure)
     self.failures.append(frame)
     self.broadcast({"stop": frame})
@@ -229,7 +229,7 @@ class _Node0:
   def decide(self, result: LaunchResult, signals: supervisor.Signals) -> _Decision:
     spec, attempt, failures, done = self.spec, result.restarts, self.failures, self.done
     if signals.interrupt.signal is not None and not failures:
-      self._on_failure(Failure(None, "node 0's launcher was interrupted", True,
+      self._on_failure(NodeFailure(None, "node 0's launcher was interrupted", True,
                                time.time()))
     self.gather("done", Deadline(spec.grace + _ROUND_SECONDS), on_other=self._note,
                 got=done)
@@ -318,7 +318,7 @@ class _NodeR:
     self.stopped_by, self.mine = [], []
     return _attempt_for(self.spec, frame["go"])
 
-  def _on_failure(self, failure: Failure) -> None:
+  def _on_failure(self, failure: NodeFailure) -> None:
     self.mine.append(_failure_frame(self.me, failure))
     self.chan.send({"failed": self.mine[-1]})
 
@@ -337,7 +337,7 @@ class _NodeR:
   def decide(self, result: LaunchResult, signals: supervisor.Signals) -> _Decision:
     spec, me = self.spec, self.me
     if signals.interrupt.signal is not None and not self.mine:
-      self._on_failure(Failure(None, f"node {me}'s launcher was interrupted", True,
+      self._on_failure(NodeFailure(None, f"node {me}'s launcher was interrupted", True,
                                time.time()))
     if self.stopped_by and self.stopped_by[0]["what"] == _gone(0)["what"]:
       raise NodeError("node 0's launcher is gone (connection closed).")

@@ -2,7 +2,7 @@
 
 PURE of JAX: standard library only. `LaunchSpec` (what to run), `Attempt`
 (one start of one node's clients), `LaunchResult` (how they ended),
-`Failure` and `Interrupt` (what stops a run), the ports and `worker_env`
+`NodeFailure` and `Interrupt` (what stops a run), the ports and `worker_env`
 (the contract with the clients: the DTENSOR_* variables).
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from jdtensor import _env
 from jdtensor.device_spec import DEVICE_TYPES
 
-__all__ = ["LaunchSpec", "LaunchResult", "Attempt", "Failure", "Interrupt",
+__all__ = ["LaunchSpec", "LaunchResult", "Attempt", "NodeFailure", "Interrupt",
            "HeldPorts", "free_ports", "worker_env"]
 
 
@@ -330,7 +330,7 @@ class Interrupt:
 
 
 @dataclass(frozen=True)
-class Failure:
+class NodeFailure:
   """The first failure a node's launcher saw, as it tells the other nodes.
 
   Attributes:

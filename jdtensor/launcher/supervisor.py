@@ -32,7 +32,7 @@ from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 from jdtensor.launcher.output import ClientLog, Output
 from jdtensor.launcher.processes import (signal_groups, stop_escaped, stop_process_groups,
                                          why_it_cannot_start, wrapped)
-from jdtensor.launcher.spec import (Attempt, Failure, Interrupt,
+from jdtensor.launcher.spec import (Attempt, NodeFailure, Interrupt,
                                     LaunchResult, LaunchSpec, worker_env)
 
 __all__ = ["Signals", "run_attempt"]
@@ -78,7 +78,7 @@ class _Supervisor:
                base_env: Mapping[str, str], attempt: Attempt,
                interrupt: Interrupt | None = None,
                stop_request: Callable[[], str | None] | None = None,
-               on_failure: Callable[[Failure], None] | None = None,
+               on_failure: Callable[[NodeFailure], None] | None = None,
                started: float | None = None,
                timeout_at: Callable[[], tuple[float, float] | None] | None = None):
     self.spec = spec
@@ -242,14 +242,14 @@ class _Supervisor:
       codes = self._poll()
     return codes
 
-  def _root_cause(self, codes: list[int | None]) -> tuple[Failure, int]:
+  def _root_cause(self, codes: list[int | None]) -> tuple[NodeFailure, int]:
     """The root cause among this node's clients, and the exit code
     (`jdtensor._report.root_cause`)."""
     ends = [ClientEnd(self.ids[i], code, self.exit_wall.get(i))
             for i, code in enumerate(codes)]
     cause = root_cause(ends, self.reports())
     assert cause is not None  # Only called once a client failed.
-    return Failure(cause.client, cause.what, cause.own, cause.at), cause.exit_code
+    return NodeFailure(cause.client, cause.what, cause.own, cause.at), cause.exit_code
 
   def run(self) -> LaunchResult:
     result = LaunchResult(client_ids=list(self.ids))
@@ -325,7 +325,7 @@ class _Supervisor:
         result.reason = self.summary(f"timed out after {timeout[1]:g} s", stopped)
         result.exit_code = LAUNCH_TIMEOUT_EXIT_CODE
         result.failed_at = time.time()
-        self.on_failure(Failure(None, f"timed out after {timeout[1]:g} s",
+        self.on_failure(NodeFailure(None, f"timed out after {timeout[1]:g} s",
                                 True, result.failed_at))
         break
       time.sleep(_POLL_SECONDS)
@@ -444,7 +444,7 @@ class Signals:
 def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
                 env: Mapping[str, str], signals: Signals,
                 stop_request: Callable[[], str | None] | None = None,
-                on_failure: Callable[[Failure], None] | None = None,
+                on_failure: Callable[[NodeFailure], None] | None = None,
                 quiet: bool = False,
                 timeout_at: Callable[[], tuple[float, float] | None] | None = None
                 ) -> LaunchResult:

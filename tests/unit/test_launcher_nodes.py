@@ -9,7 +9,7 @@ import pytest
 
 from jdtensor import launcher
 from jdtensor._wire import Frames, encode
-from jdtensor.launcher import meeting, nodes
+from jdtensor.launcher import channels, nodes
 
 
 def test_a_node_waits_for_the_first_go_as_long_as_node_0_waits_for_the_last_node(
@@ -23,7 +23,7 @@ def test_a_node_waits_for_the_first_go_as_long_as_node_0_waits_for_the_last_node
                              coordinator="127.0.0.1:1", timeout=5)
   mine, node0 = socket.socketpair()
   with mine, node0:
-    node = nodes._NodeR(spec, meeting.Channel(mine), "127.0.0.1")  # pylint: disable=protected-access
+    node = nodes._NodeR(spec, channels.Channel(mine), "127.0.0.1")  # pylint: disable=protected-access
     out = []
     t = threading.Thread(target=lambda: out.append(node.begin(0)), daemon=True)
     t.start()
