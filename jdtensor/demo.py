@@ -151,6 +151,7 @@ def train(mesh, steps: int, checkpoint_dir: str | None = None,
   """
   import jax  # pylint: disable=g-import-not-at-top
   from jdtensor.layout import UNSHARDED, Layout  # pylint: disable=g-import-not-at-top
+  from jdtensor.steps import step_done  # pylint: disable=g-import-not-at-top
 
   params, x, y = _problem()
   layouts = {
@@ -188,6 +189,7 @@ def train(mesh, steps: int, checkpoint_dir: str | None = None,
     # The loss is replicated on every device; read this client's copy.
     losses.append(float(np.asarray(loss.addressable_data(0))))
     times.append(time.perf_counter() - start)
+    step_done()  # The launcher's time to recovery, after a restart.
     if checkpoints is not None:
       checkpoints.save(number + 1, sharded)
       print(f"checkpoint step {number + 1}", flush=True)

@@ -226,6 +226,10 @@ def test_the_demo_resumes_from_its_checkpoint_after_a_sigkill(tmp_path):
   assert proc.returncode == 0 and text.rstrip().endswith("OK"), text
   assert victim is not None and not pid_alive(victim)
   assert "jdtensor launch: restarting (1 of 1) after: client 1 was killed by SIGKILL" in text
+  # The demo says when each step is done: the restart's whole time to recovery.
+  assert re.search(r"^jdtensor launch: time to recovery: restart 1 after client 1's "
+                   r"failure: \d+\.\d s \(\d+\.\d s to start again, \d+\.\d s to the "
+                   r"first step\)$", text, re.M), text
   resumed = {int(m) for m in re.findall(r"^\[client \d\] resumed from step (\d+)$",
                                         text, re.M)}
   # Client 1 saved step 6, so every client took part in step 6 and had saved
