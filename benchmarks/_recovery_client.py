@@ -4,7 +4,8 @@ tests/multiprocess/test_recovery.py (one client).
 A step is one jit program of ``LAYERS`` unrolled layers with a cross-client
 sum (``LAYERS=150``: about 5 s to compile on 2 cores); with ``CKPT``, every
 ``EVERY`` steps each client saves its weights (numpy,
-``CKPT/step-<n>-client-<k>.npy``), and after a restart every client resumes
+``CKPT/step-<n>-client-<k>.npy``; with ``CKPT_KIND=orbax``, an orbax
+``CheckpointManager`` in ``CKPT``), and after a restart every client resumes
 from the last step all of them saved. After each step it calls
 `jdtensor.step_done` (not with ``STEP_DONE=0``). Client ``KILL`` SIGKILLs
 itself after step ``KILL_AT`` of the first attempt. Each phase's end is
@@ -47,6 +48,7 @@ EVERY = int(os.environ.get("EVERY", "10"))
 KILL = int(os.environ.get("KILL", "2"))
 KILL_AT = int(os.environ.get("KILL_AT", "25"))
 CKPT = os.environ.get("CKPT")
+ORBAX = os.environ.get("CKPT_KIND") == "orbax"  # Else numpy files.
 STEP_DONE = os.environ.get("STEP_DONE", "1") == "1"
 
 jdtensor.initialize_accelerator_system("CPU")
@@ -68,9 +70,6 @@ def saved_by_all() -> int:
   return max(steps, default=0)
 
 
-mesh = jax.make_mesh((jax.device_count(),), ("x",))
-
-
 @jax.jit
 def step(w, x):
   for i in range(LAYERS):
@@ -78,9 +77,21 @@ def step(w, x):
   return w - 1e-3 * jnp.mean(x), jnp.sum(x)
 
 
-start = saved_by_all()
-w = (jnp.asarray(np.load(os.path.join(CKPT, f"step-{start}-client-{me}.npy")))
-     if start else jnp.eye(32, dtype=jnp.float32))
+mesh = jax.make_mesh((jax.device_count(),), ("x",))
+# Replicated on every device of every client: what orbax restores it to.
+w = jax.device_put(jnp.eye(32, dtype=jnp.float32), NamedSharding(mesh, P()))
+manager = None
+if CKPT and ORBAX:
+  import orbax.checkpoint as ocp  # noqa: E402  (an optional extra)
+  manager = ocp.CheckpointManager(CKPT, options=ocp.CheckpointManagerOptions(max_to_keep=2))
+  start = manager.latest_step() or 0
+  if start:
+    w = manager.restore(start, args=ocp.args.StandardRestore(
+        {"w": ocp.utils.to_shape_dtype_struct(w)}))["w"]
+else:
+  start = saved_by_all()
+  if start:
+    w = jnp.asarray(np.load(os.path.join(CKPT, f"step-{start}-client-{me}.npy")))
 mark("restored")
 x = jax.make_array_from_process_local_data(
     NamedSharding(mesh, P("x")),
@@ -93,9 +104,15 @@ for k in range(start, STEPS):
   if STEP_DONE:
     jdtensor.step_done()
   if CKPT and (k + 1) % EVERY == 0:
-    np.save(os.path.join(CKPT, f"step-{k + 1}-client-{me}.npy"), np.asarray(w))
+    if manager is not None:
+      manager.save(k + 1, args=ocp.args.StandardSave({"w": w}))
+    else:
+      np.save(os.path.join(CKPT, f"step-{k + 1}-client-{me}.npy"), np.asarray(w))
   if attempt == 0 and me == KILL and k + 1 == KILL_AT:
     mark("killed")
     os.kill(os.getpid(), signal.SIGKILL)
+if manager is not None:
+  manager.wait_until_finished()
+  manager.close()
 mark("done")
 print("RESULT attempt=" + json.dumps({"attempt": attempt, "hits": len(hits)}), flush=True)

@@ -1,12 +1,15 @@
 """Time to recovery: from a client's SIGKILL to the next attempt's first step.
 
     python benchmarks/bench_recovery.py [--repeats N] [--layers 150] [--clients 3]
+        [--checkpoint numpy|orbax|both]
 
 ``jdtensor launch -n 3 --max-restarts 1`` of benchmarks/_recovery_client.py:
 a training loop whose step is one jit program of 150 unrolled layers with a
 cross-client sum (about 5 s to compile on 2 cores, milliseconds to run), a
-checkpoint every 10 steps, client 2 SIGKILLed after step 25. Measured, run by
-run, from the clients' time stamps and the launcher's lines:
+checkpoint every 10 steps (numpy files; and, where orbax is installed, in the
+same run, interleaved, orbax's `CheckpointManager`), client 2 SIGKILLed
+after step 25. Measured, run by run, from the clients' time stamps and the
+launcher's lines:
 
 * cold start: from the launch to attempt 0's first completed step;
 * time to recovery: from the kill to attempt 1's first completed step (the
@@ -24,6 +27,7 @@ JAX shares it (GPU, TPU): its first call cold, and from a warm cache.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -49,15 +53,16 @@ def _env(**extra: str) -> dict[str, str]:
   return env
 
 
-def one_run(clients: int, layers: int) -> dict[str, float]:
-  """One launch with a kill and a restart; the seconds of each part."""
+def one_run(clients: int, layers: int, kind: str) -> dict[str, float]:
+  """One launch with a kill and a restart (checkpoints of `kind`); the
+  seconds of each part."""
   ckpt = tempfile.mkdtemp(prefix="jdtensor-bench-recovery-")
   try:
     began = time.time()
     res = subprocess.run(
         [sys.executable, "-m", "jdtensor", "launch", "-n", str(clients),
          "--max-restarts", "1", "--timeout", "600", "--", sys.executable, CLIENT],
-        env=_env(CKPT=ckpt, LAYERS=str(layers), KILL=str(clients - 1)),
+        env=_env(CKPT=ckpt, CKPT_KIND=kind, LAYERS=str(layers), KILL=str(clients - 1)),
         capture_output=True, text=True, timeout=660)
   finally:
     shutil.rmtree(ckpt, ignore_errors=True)
@@ -127,19 +132,25 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--layers", type=int, default=150)
   parser.add_argument("--clients", type=int, default=3)
+  parser.add_argument("--checkpoint", choices=["numpy", "orbax", "both"], default=None,
+                      help="default: both where orbax is installed, else numpy")
   args = parser.parse_args()
-  runs = []
+  kinds = {"numpy": ["numpy"], "orbax": ["orbax"], "both": ["numpy", "orbax"]}[
+      args.checkpoint or ("both" if importlib.util.find_spec("orbax") else "numpy")]
+  runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
   for r in range(args.repeats):
-    runs.append(one_run(args.clients, args.layers))
-    print(f"run {r + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()),
-          flush=True)
-  med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+    for kind in kinds:
+      runs[kind].append(one_run(args.clients, args.layers, kind))
+      print(f"run {r + 1} ({kind}): " + ", ".join(
+          f"{k} {v:.2f}" for k, v in runs[kind][-1].items()), flush=True)
+  med = {kind: {k: statistics.median(run[k] for run in rs) for k in rs[0]}
+         for kind, rs in runs.items()}
   cold_call, cached_call = cache_probe(args.layers)
   print()
   print(f"| {args.clients} clients x 1 CPU device, {args.layers} layers, median of "
-        f"{len(runs)} | seconds |")
-  print("|---|---|")
-  for label, key in (
+        f"{args.repeats} | " + " | ".join(f"{kind} checkpoints, s" for kind in kinds) + " |")
+  print("|---|" + "---:|" * len(kinds))
+  rows = [
       ("cold start: launch to attempt 0's first step", "cold"),
       ("time to recovery: kill to attempt 1's first step (launcher's line)", "ttr"),
       ("- kill to the next attempt's processes (detection, survivors' exit)",
@@ -147,12 +158,14 @@ def main() -> None:
       ("- process start and imports", "imports"),
       ("- jdtensor and JAX start-up", "startup"),
       ("- restore the checkpoint", "restore"),
-      ("- first step: compile and run (attempt 0: "
-       f"{med['cold_first_step']:.2f})", "first_step")):
-    print(f"| {label} | {med[key]:.2f} |")
-  print(f"| time to recovery / cold start | {med['ttr'] / med['cold']:.2f} |")
-  print(f"| one process, the step's first call: cold / from JAX's cache | "
-        f"{cold_call:.2f} / {cached_call:.2f} |")
+      ("- first step: compile and run", "first_step"),
+      ("attempt 0's first step, for comparison", "cold_first_step")]
+  for label, key in rows:
+    print(f"| {label} | " + " | ".join(f"{med[kind][key]:.2f}" for kind in kinds) + " |")
+  print("| time to recovery / cold start | " + " | ".join(
+      f"{med[kind]['ttr'] / med[kind]['cold']:.2f}" for kind in kinds) + " |")
+  print(f"\nOne process, the step's first call: cold {cold_call:.2f} s, from JAX's "
+        f"cache {cached_call:.2f} s.")
 
 
 if __name__ == "__main__":
