@@ -14,13 +14,14 @@ Run: DEMO_KILL_AT=12 jdtensor launch -n 2 --max-restarts 1 -- python restart_orb
 Needs: orbax.checkpoint
 Expect: [client 0] resumed after step 10
 Expect: [client 1] resumed after step 10
-Expect: [client 0] done: step 29
+Expect: [client 0] done: step 99
 Expect: jdtensor launch: time to recovery: restart 1 after client 1's failure:
 """
 import os
 import signal
 import sys
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -54,13 +55,14 @@ def train_step(w, x):
 
 
 batch = NamedSharding(mesh, P("data"))
-for step in range(first, 30):
+for step in range(first, 100):
   x = jax.make_array_from_callback((2 * jax.device_count(), 8), batch,
                                    lambda idx: np.full((2, 8), 0.1, np.float32))
   w, loss = train_step(state["w"], x)
   state, last = {"w": w}, step
   print(f"step {step}: loss {float(loss):.4f}", flush=True)
   jdtensor.step_done()
+  time.sleep(0.03)  # The rest of a training step: a notice reaches every client.
   if manager.reached_preemption(step):  # Every client at the same step.
     manager.save(step, args=ocp.args.StandardSave(state), force=True)
     manager.wait_until_finished()
