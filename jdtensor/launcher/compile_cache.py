@@ -58,7 +58,8 @@ ENTRY_SUFFIX = "-cache"  # JAX's `lru_cache._CACHE_SUFFIX`.
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _READ_CHUNK = 1 << 20
 # Why the attempts of a CPU run share no cache (measured with jax 0.9.2 and
-# 0.12.1, raw jax.distributed and gloo, tests/multiprocess/test_recovery.py):
+# 0.12.1, raw jax.distributed and gloo: benchmarks/RESULTS.md, "Time to
+# recovery after a failure"):
 # JAX keys a CPU program by its process (its local devices and compile
 # options differ), and only process 0 writes; so only client 0 ever loads
 # one, and with jax 0.12 a program loaded from the cache beside the others'
@@ -191,11 +192,11 @@ def plan(enabled: bool, max_restarts: int, device_type: str,
   else a new folder.
 
   Raises:
-    ConfigError: ``JDTENSOR_COMPILE_CACHE`` or ``JAX_ENABLE_COMPILATION_CACHE``
-      is not a boolean.
+    ConfigError: ``JDTENSOR_COMPILE_CACHE`` is not a boolean (JAX's own
+      ``JAX_ENABLE_COMPILATION_CACHE`` is read as JAX reads it).
   """
   asked = _env.read_bool(_env.JDTENSOR_COMPILE_CACHE, True, env)
-  jax_on = _env.read_bool(_env.JAX_ENABLE_COMPILATION_CACHE, True, env)
+  jax_on = _jax_bool(env.get(_env.JAX_ENABLE_COMPILATION_CACHE), True)
   if not enabled or max_restarts <= 0 or not asked or not jax_on:
     return None, ""
   own = env.get(_env.JAX_COMPILATION_CACHE_DIR, "")
@@ -214,6 +215,18 @@ def plan(enabled: bool, max_restarts: int, device_type: str,
   return cache, cache.line()
 
 
+def _jax_bool(raw: str | None, default: bool) -> bool:
+  """A boolean variable of JAX's, read as JAX reads it (`jax._src.config.
+  bool_env`'s words); a value JAX refuses is left for JAX to name, in the
+  clients, and counts as the default here (never a refusal of jdtensor's)."""
+  value = (raw or "").strip().lower()
+  if value in ("y", "yes", "t", "true", "on", "1"):
+    return True
+  if value in ("n", "no", "f", "false", "off", "0"):
+    return False
+  return default
+
+
 def entry_complete(path: str) -> bool:
   """Whether the cache entry at `path` is one whole compressed stream (zstd
   by its frame's blocks, read without decompressing; zlib by decompressing
@@ -226,12 +239,16 @@ def entry_complete(path: str) -> bool:
     inflate = zlib.decompressobj()
     try:
       while True:
-        chunk = f.read(_READ_CHUNK)
-        if not chunk:
+        data = f.read(_READ_CHUNK)
+        if not data:
           return False
-        inflate.decompress(chunk)  # Not kept: only where the stream ends.
+        # A chunk at most of output at a time, not kept: only where the
+        # stream ends matters (a compressed MiB can inflate to a GiB).
+        while data and not inflate.eof:
+          inflate.decompress(data, _READ_CHUNK)
+          data = inflate.unconsumed_tail
         if inflate.eof:
-          return not inflate.unused_data and not f.read(1)
+          return not inflate.unused_data and not data and not f.read(1)
     except zlib.error:
       return False
 

@@ -123,7 +123,7 @@ def test_a_gpu_runs_restart_finds_client_0s_entries(nodes, own, tmp_path):
   guard = threading.Timer(120, stop_process_groups, (procs,), {"grace": 3})
   guard.start()
   try:
-    texts = [p.communicate()[0] for p in procs]
+    texts = [p.communicate(timeout=150)[0] for p in procs]
   finally:
     guard.cancel()
     stop_process_groups(procs, grace=3)
