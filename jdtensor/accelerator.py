@@ -41,6 +41,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from jdtensor import _device_nodes, _env, config, heartbeat, runtime
+from jdtensor.heartbeat.process import install_exit_guard, tell_launcher_start_failed
 from jdtensor import _logging as logging
 from jdtensor._deadline import Deadline
 from jdtensor.errors import (AlreadyInitializedError, ConfigError, StartupError,
@@ -207,11 +208,11 @@ def _initialize(device_type: str | None = None,
   except AlreadyInitializedError:
     raise  # The runtime is up: its exit guard reports what ends the process.
   except Exception as error:
-    heartbeat.tell_launcher_start_failed(error)
+    tell_launcher_start_failed(error)
     raise
-  heartbeat.tell_launcher_start_failed(None)
+  tell_launcher_start_failed(None)
   if runtime.state().multi_client:
-    heartbeat.install_exit_guard(at_clean_end=_forget_jax_objects)
+    install_exit_guard(heartbeat.current, at_clean_end=_forget_jax_objects)
     if plan.cluster.heartbeat_enabled:
       heartbeat.start_with(settings)
   return device_type

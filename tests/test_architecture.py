@@ -109,7 +109,7 @@ def test_private_jax_api_lives_in_one_module(module):
 # The heartbeat's decisions, what they mean for a client and their words:
 # functions of their arguments, pinned as tables without threads.
 HEARTBEAT_PURE = ["heartbeat/verdicts.py", "heartbeat/stragglers.py",
-                  "heartbeat/failures.py", "heartbeat/wording.py"]
+                  "heartbeat/failures.py", "heartbeat/wording.py", "heartbeat/wire.py"]
 # What would make them more than that: threads, time, the process, I/O.
 IMPURE = {"threading", "time", "os", "sys", "socket", "selectors", "subprocess",
           "signal", "logging", "jdtensor._logging", "jdtensor.heartbeat.protocol",
@@ -193,18 +193,27 @@ LAYERS = [
                         "runtime.startup", "tpu.topology"]),
     ("the state owner", ["runtime.state", "runtime"]),
     ("runtime users", ["runtime.interop"]),
-    ("heartbeat leaves", ["heartbeat.departure", "heartbeat.flight", "heartbeat.interfaces",
-                          "heartbeat.wording", "heartbeat.watchdog", "heartbeat.meetings",
-                          "heartbeat.progress",
-                          "heartbeat.stragglers", "heartbeat.verdicts", "heartbeat.failures",
-                          "heartbeat.protocol",
-                          "heartbeat.exchange"]),
+    # Inside heartbeat/, the exit path walks down: the package wires
+    # `process` (the exit guard) -> `protocol` -> `leaving` (the way out) ->
+    # `interfaces` -> the decisions -> the floor.
+    ("heartbeat's floor", ["heartbeat.departure", "heartbeat.flight", "heartbeat.progress",
+                           "heartbeat.watchdog", "heartbeat.wire"]),
+    ("heartbeat's decisions", ["heartbeat.stragglers", "heartbeat.meetings",
+                               "heartbeat.verdicts", "heartbeat.wording",
+                               "heartbeat.failures"]),
+    ("heartbeat's seams", ["heartbeat.interfaces"]),
+    ("heartbeat's way out", ["heartbeat.leaving"]),
+    ("heartbeat's threads", ["heartbeat.protocol", "heartbeat.exchange"]),
+    ("heartbeat's process", ["heartbeat.process"]),
     ("heartbeat", ["heartbeat"]),
     ("DTensor's face", ["config", "api", "mesh_util", "tpu.mesh", "tpu.system",
                         "accelerator"]),
-    ("the launcher", ["launcher.gpus", "launcher.spec", "launcher.processes", "launcher.output",
-                      "launcher.supervisor", "launcher.channels", "launcher.compile_cache",
-                      "launcher.nodes", "launcher"]),
+    ("the launcher's floor", ["launcher.gpus", "launcher.output", "launcher.processes",
+                              "launcher.compile_cache"]),
+    ("the launch spec", ["launcher.spec"]),
+    ("one node", ["launcher.supervisor", "launcher.channels"]),
+    ("several nodes", ["launcher.nodes"]),
+    ("the launcher", ["launcher"]),
     ("tools", ["cli", "demo", "__main__", "testing", "testing._transport",
                "testing._client", "testing._warm", "testing.pytest_plugin"]),
 ]

@@ -1,7 +1,16 @@
 """The heartbeat's exchange on the liveness links, outside JAX.
 
-A beat runs no XLA program, so the user's JAX sees exactly what raw
-``jax.distributed`` shows. `LinkExchange` runs the beats over the liveness
+**Invisible to JAX.** XLA collectives on one device group are matched across
+processes only by issue order, so a background all-reduce on devices that
+user code also uses corrupts results or crashes gloo, and ``jax.thread_guard``
+forbids any multi-process XLA program off the guarded thread. A beat
+therefore runs no XLA program: it sums one row per client over the liveness
+links (`exchange.LinkExchange`: client 0 adds the rows up and sends the sum
+back), connections every client holds from the start-up handshake. The
+user's ``jax.devices()``, ``jax.make_mesh``, ``multihost_utils``, ``pmap``
+and orbax see exactly what raw ``jax.distributed`` shows.
+
+`LinkExchange` runs the beats over the liveness
 links (`jdtensor.runtime.links.Links`, the start-up's connections, already
 open): every client sends its row to client 0 (a binary frame of 25 bytes),
 client 0 decides the beat once (`jdtensor.heartbeat.verdicts.Decider`) and
@@ -13,7 +22,6 @@ A beat costs a client O(1) bytes and client 0 O(N), whatever N is.
 
 from __future__ import annotations
 
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -24,16 +32,12 @@ import numpy as np
 from jdtensor.heartbeat.flight import AT_EXIT
 from jdtensor.heartbeat.interfaces import Exchange
 from jdtensor.heartbeat.meetings import ServiceWaitWatch
-from jdtensor.heartbeat.verdicts import (PLAIN_OUTCOME, STALLED, Decider, Outcome, Row,
-                                         from_ranges, to_ranges)
+from jdtensor.heartbeat.verdicts import STALLED, Decider, to_ranges
+from jdtensor.heartbeat.wire import (PHASE_BITS, PLAIN_OUTCOME, ROW, ROW_FRAME, Outcome,
+                                     Row, from_ranges, read_row_frame, row_frame)
 
 __all__ = ["LinkExchange", "bounded", "ROW_FRAME", "ack_every_for"]
 
-# A row on the wire: kind, beat, token, stop, phase slot, seconds, busy,
-# bytes moved a second.
-ROW_FRAME = struct.Struct("<BIiBBiiI")
-_ROW = ord("R")
-_PHASE = 7  # The phase slot's phase bits (`jdtensor.heartbeat.verdicts`).
 
 
 def ack_every_for(period: float, stuck_timeout: float) -> int:
@@ -52,7 +56,7 @@ def _asks(beat: int, ack_every: int, stop: int, phase: int) -> bool:
   """Whether a client waits for this beat's outcome: the first, every
   `ack_every`-th, and any it asks to stop in or is at exit in (the agreed
   end; a client at exit beats again at once, paced by the outcomes)."""
-  return beat % ack_every == 0 or bool(stop) or (phase & _PHASE) == AT_EXIT
+  return beat % ack_every == 0 or bool(stop) or (phase & PHASE_BITS) == AT_EXIT
 
 
 class _Gather:
@@ -109,8 +113,8 @@ class LinkExchange(Exchange):
   same thread, so a client whose heartbeat thread is stuck still counts as
   present once its row is in.
 
-  Frames: binary rows (`ROW_FRAME`) and plain outcomes
-  (`jdtensor.heartbeat.verdicts.Outcome.to_wire`); JSON messages with
+  Frames (`jdtensor.heartbeat.wire`): binary rows (`wire.row_frame`) and plain
+  outcomes (`wire.Outcome.to_wire`); JSON messages with
   ``hb``, never relayed by the links: ``done`` (an outcome with news),
   ``roll`` (beat ``b``, query ``q``) and its answer ``present`` (``m``: the
   clients missing, as runs), ``ask`` (question ``w``, query ``q``) and its
@@ -171,9 +175,7 @@ class LinkExchange(Exchange):
       self._add(beat, 0, row.token, int(row.stop), row.phase_code, seconds, busy,
                 row.moved_slot)
     else:
-      self._links.send(ROW_FRAME.pack(_ROW, beat, row.token, int(row.stop),
-                                      row.phase_code, seconds, busy, row.moved_slot),
-                       to=0)
+      self._links.send(row_frame(beat, row), to=0)
     wait = self.client_id == 0 or _asks(beat, self.ack_every, int(row.stop),
                                         row.phase_code)
     with self._cond:
@@ -250,8 +252,8 @@ class LinkExchange(Exchange):
     """One exchange message from `client` (on the links' watching thread)."""
     try:
       if isinstance(message, bytes):
-        if message[:1] == b"R" and self.client_id == 0:
-          _, beat, token, stop, phase, seconds, busy, moved = ROW_FRAME.unpack(message)
+        if message[:1] == bytes((ROW,)) and self.client_id == 0:
+          beat, token, stop, phase, seconds, busy, moved = read_row_frame(message)
           self._add(beat, client, token, min(stop, 1), phase, seconds, busy, moved)
         elif message[:1] == bytes((PLAIN_OUTCOME,)):
           self._outcome(Outcome.from_wire(message, self.num_clients))
@@ -282,7 +284,7 @@ class LinkExchange(Exchange):
           self._cond.notify_all()
         if self.client_id == 0:
           self._links.send(message, skip=(client,))
-    except (KeyError, TypeError, ValueError, IndexError, struct.error):
+    except (KeyError, TypeError, ValueError, IndexError):
       pass  # A malformed message from an authenticated peer is ignored.
 
   def _outcome(self, outcome: Outcome) -> None:

@@ -3,8 +3,8 @@ process (the fourth, the main thread's recorder, is
 `jdtensor.heartbeat.flight.Recorder`).
 
 Small classes with working defaults: production subclasses them
-(`jdtensor.heartbeat.exchange.LinkExchange`, and the client's process in
-`jdtensor.heartbeat`; the liveness links, `jdtensor.runtime.links.Links`, have
+(`jdtensor.heartbeat.exchange.LinkExchange`,
+`jdtensor.heartbeat.process.ClientProcess`; the liveness links, `jdtensor.runtime.links.Links`, have
 the `Peers` methods), and a test fake is a few lines.
 """
 
@@ -111,15 +111,28 @@ class Peers:
     have ended; whether they all have."""
     return True
 
+  def announce_departure(self, code: int, why: str, failure: bool,
+                         raised: bool = False) -> None:
+    """Tells the others this client is leaving: with a `failure` (`raised`:
+    an exception; else a non-zero exit `code`), or finished."""
+
 
 class ProcessHooks:
   """How the heartbeat reads and acts on its own process. The defaults are
-  the real ones, except that nobody is told: the launcher's report and the
-  failure under policy raise are `jdtensor.heartbeat`'s."""
+  the real ones, except that nobody is told: the launcher's reports and the
+  failure under policy raise are `jdtensor.heartbeat.process.ClientProcess`'s."""
 
   def terminate(self, code: int) -> None:
     """Ends the process at once (policy terminate)."""
     os._exit(code)  # pylint: disable=protected-access
+
+  def tell_launcher_left(self, why: str, exception: str) -> None:
+    """Tells the launcher this client is leaving with a failure of its own:
+    `why` as it says it, and the `exception` it raised ('' for an exit
+    code)."""
+
+  def tell_launcher_finished(self) -> None:
+    """Tells the launcher this client's script ended normally."""
 
   def culprit_grace(self) -> float:
     """Seconds a survivor waits for the culprits' processes to end before it

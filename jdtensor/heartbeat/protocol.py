@@ -8,14 +8,14 @@ peers (the liveness links), the process's hooks
 lines. `jdtensor.heartbeat` wires it to the liveness links (which carry the
 exchange too) and the process.
 
-In one beat each client sends a row (`jdtensor.heartbeat.verdicts.Row`):
+In one beat each client sends a row (`jdtensor.heartbeat.wire.Row`):
 DTensor's token, a stop request, and what its main thread is doing
 (`jdtensor.heartbeat.flight`: phase, seconds in it, how busy the process
 was). Where the rows meet, a `Decider` turns them into one outcome, which
 every client receives, so every client reaches the same verdict at the same
 beat (`jdtensor.heartbeat.verdicts` decides, `jdtensor.heartbeat.failures`
 says whom this client blames and how it leaves, `jdtensor.heartbeat.wording`
-words them; the list of verdicts is in `jdtensor.heartbeat`). A `Watchdog`
+words them; the list of verdicts is in `jdtensor.heartbeat.verdicts`). A `Watchdog`
 thread times the beats. What stays here is the threads and the policy.
 """
 
@@ -34,6 +34,7 @@ from jdtensor._env import HEARTBEAT_POLICIES, HeartbeatSettings
 from jdtensor.heartbeat import failures, wording
 from jdtensor.heartbeat.failures import Failure
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
+from jdtensor.heartbeat.leaving import HOST_EXIT_WAIT, ROLL_CALL_GRACE, wait_to_leave
 from jdtensor.heartbeat.meetings import JoinedQuestion
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, Recorder
 from jdtensor.heartbeat.stragglers import WaitLedger
@@ -47,19 +48,12 @@ from jdtensor._report import Reason
 from jdtensor.errors import PeerFailureError
 
 __all__ = ["Heartbeat", "Exiting", "BeatLayout", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
-           "ROLL_CALL_GRACE", "IDLE_PERCENT", "exit_grace_for"]
+           "ROLL_CALL_GRACE", "HOST_EXIT_WAIT", "IDLE_PERCENT", "exit_grace_for"]
 
 POLICIES = HEARTBEAT_POLICIES
 # Seconds the first exchange may take beyond the stuck time-out: every client
 # must have started its heartbeat (after its backend's start).
 FIRST_EXCHANGE_ALLOWANCE = 30.0
-# Seconds an overdue beat's roll call waits for the healthy clients to answer
-# (they are blocked in the same beat, and their deadlines expire together).
-ROLL_CALL_GRACE = 1.0
-# Seconds client 0, which hosts the coordination services, waits for the
-# other clients' processes to end before its own exit (their JAX clients
-# abort the moment the service is gone).
-HOST_EXIT_WAIT = 5.0
 
 
 class Exiting(enum.Enum):
@@ -146,7 +140,7 @@ class Heartbeat:
     self.ready = threading.Event()  # Set once the first exchange is done.
     # Whether this client's failure ends it under "terminate" (`_fail`), and
     # set once that verdict's line is out: whoever leaves first must not end
-    # the process before it is (see `jdtensor.heartbeat.leave`).
+    # the process before it is (see `jdtensor.heartbeat.leaving.WayOut`).
     self.terminating = False
     self.said = threading.Event()
     self.token = 0
@@ -156,9 +150,10 @@ class Heartbeat:
     self._exchanged = 0  # Beats after the first this client has exchanged.
     self.beat_seconds = 0.0  # Total wall time spent inside beats.
     self.failure: PeerFailureError | None = None
-    # Seconds to wait for the failure's culprits to end before leaving (see
-    # `_fail`), where no jdtensor launcher names the root cause.
-    self.culprit_wait = 0.0
+    # Seconds to wait for the failure's culprits to end before leaving
+    # (`leaving.wait_to_leave`): the failure's, where no jdtensor launcher
+    # names the root cause.
+    self.culprit_grace = 0.0
     self.closed_cleanly: bool | None = None  # Result of the teardown.
     self.exiting: Exiting | None = None  # None: the script still runs.
     self.departed: dict[int, float] = {}  # Clients that ended normally.
@@ -172,6 +167,11 @@ class Heartbeat:
                              on_frozen=self._was_frozen, on_error=self._own_failure)
     self._last_beat = self._process.clock()  # Every client was alive then.
     self._threads: list[threading.Thread] = []
+
+  @property
+  def script_ended(self) -> bool:
+    """Whether this client's script is leaving (finished, or with a failure)."""
+    return self.exiting is not None
 
   @property
   def waits(self) -> WaitLedger:
@@ -448,7 +448,8 @@ class Heartbeat:
                  f"{wording.consequence(self.exiting is Exiting.FINISHED, self.policy)}")
       error = PeerFailureError(message, failure.culprits)
       self.failure = error
-      self.culprit_wait = failure.culprit_wait  # For a way out on another thread.
+      # For a way out on another thread too.
+      self.culprit_grace = min(failure.culprit_wait, self._process.culprit_grace())
       # Decided with the failure, once: under "terminate" this thread says it
       # and ends the process, even if the main thread starts leaving (on
       # the collective error this failure causes) while it reports.
@@ -472,18 +473,13 @@ class Heartbeat:
       sys.stderr.flush()
       self._show_stacks()
       self.said.set()
-      if culprits and not failure.own:
-        # Under an engine (mpirun, srun), the first process to fail is the
-        # one it names: the culprits' exits first, bounded.
-        grace = min(failure.culprit_wait, self._process.culprit_grace())
-        if grace > 0:
-          self._peers.wait_ended(culprits, grace)
-      if self.client_id == 0:  # Hosts the services: leave last.
-        # Not for a culprit that may never end (stalled, stopped); but one
-        # that announced its departure is on its way out: ending the services
-        # under it would abort it from C++ (JAX's error poll).
-        self._peers.wait_peers_gone(HOST_EXIT_WAIT, [c for c in error.client_ids
-                                                     if c not in self.leaving])
+      # Client 0 does not wait for a culprit that may never end (stalled,
+      # stopped); but one that announced its departure is on its way out:
+      # ending the services under it would abort it from C++ (JAX's error
+      # poll).
+      wait_to_leave(self._peers, self.client_id, [] if failure.own else culprits,
+                    self.culprit_grace,
+                    spare=[c for c in error.client_ids if c not in self.leaving])
       self._process.terminate(exit_code)
       return
     logging.error("%s", message)

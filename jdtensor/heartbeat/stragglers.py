@@ -9,6 +9,10 @@ busy inside JAX); each waiter's time is split evenly among those it
 waits for. Clients at exit take no part (leaving early has its own verdict).
 A beat samples each main thread once, so over a window of many beats the
 shares estimate the time fractions.
+
+A straggler is named once (a warning, never a kill); every client publishes
+its status while `jdtensor status` asks (`jdtensor._status`), and records the
+run's shares at its normal end for the launcher's summary.
 """
 
 from __future__ import annotations

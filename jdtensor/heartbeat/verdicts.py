@@ -14,13 +14,32 @@ the waiting ledger (`jdtensor.heartbeat.stragglers.WaitLedger`) and the
 "every client waits" warning said once. Every client turns a verdict into
 its own words (`jdtensor.heartbeat.protocol`): "this client" where it is
 the one named.
+
+**The verdicts.** Every client reaches the same one at the same beat:
+
+* **dead** (the process is gone): the liveness links, within milliseconds;
+* **stuck** (alive, but its heartbeat cannot run: SIGSTOP, swap, a GIL held
+  by C code): a beat not done within the stuck time-out; a roll call names
+  who did not join it. A client that finds it was itself frozen that long
+  names itself;
+* **stalled** (alive and beating, but its main thread never joins the
+  collective the others wait in): one client running its own code for the
+  stall time-out while every other client has waited, idle, in a collective
+  spanning every client for as long;
+* **left early** (its script ended while the others still wait for it in a
+  collective): a client at exit while another has waited, idle, for
+  `exit_grace` seconds;
+* **left with a failure** (an exception, a non-zero exit): announced by the
+  client itself as it leaves;
+* **out of sync** (a restarted client): a slot without the cluster's token.
+
+A client that is finished (at exit) only logs what happens to the others; one
+that is leaving with a failure no longer reacts at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +48,9 @@ import numpy as np
 from jdtensor._ids import to_ranges
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
+from jdtensor.heartbeat.wire import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS, OUT_OF_SYNC,
+                                     STALLED, BeatLayout, Outcome, Row, Verdict,
+                                     VerdictKind, from_ranges)
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "Decider", "judge",
            "StallTimeout", "STALL_SAFETY_FACTOR", "STALL_RHYTHM_STEPS", "IDLE_PERCENT", "MOVING_BYTES_PER_SECOND", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
@@ -54,278 +76,6 @@ STALL_SAFETY_FACTOR = 5.0
 # first step, is not a rhythm (and the first steps, compilation and warming
 # caches, teach nothing). A step takes a beat at least.
 STALL_RHYTHM_STEPS = 10
-# The phase slot's bit that says a client has not joined a collective yet
-# (above every phase).
-_NOT_JOINED = 8
-# The phase slot's bit that says a client's main thread ran over the last
-# period (its own CPU time moved: a step, a dispatch, a loop), not blocked
-# for the whole of it.
-_ACTIVE = 16
-
-
-
-class VerdictKind(str, enum.Enum):
-  """What a verdict is about (its value is what travels in an outcome)."""
-  EARLY_EXIT = "early_exit"  # Clients at exit while others wait for them.
-  STALLED = "stalled"  # One client idle in its own code, everyone else waiting.
-  ALL_WAITING = "all_waiting"  # Every client waits: a long computation or a deadlock.
-  OUT_OF_SYNC = "out_of_sync"  # Slots without the cluster's token (a restart).
-  FIRST_TOKENS = "first_tokens"  # The first beat did not spread client 0's token.
-
-
-EARLY_EXIT, STALLED, ALL_WAITING, OUT_OF_SYNC, FIRST_TOKENS = (
-    VerdictKind.EARLY_EXIT, VerdictKind.STALLED, VerdictKind.ALL_WAITING,
-    VerdictKind.OUT_OF_SYNC, VerdictKind.FIRST_TOKENS)
-
-
-class BeatLayout:
-  """Where each value sits in the merged beat of `n` clients: DTensor's token
-  slots, the stop request, then each client's phase, seconds in it, busy
-  percent and bytes moved a second."""
-
-  def __init__(self, n: int):
-    self.n = n
-    self.stop = n
-    self.width = 5 * n + 1
-
-  def row(self, client: int, token: int, stop: bool, phase: int, seconds: float,
-          busy: int, joined: bool = True, moved: int = 0) -> np.ndarray:
-    """One client's row as a vector of the merged beat's width."""
-    return Row(client, token, bool(stop), phase, seconds, busy, joined,
-               moved=moved).vector(self.n)
-
-  def tokens(self, merged: np.ndarray) -> np.ndarray:
-    return merged[:self.n]
-
-  def states(self, merged: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(phase, seconds in it, busy percent) per client."""
-    n = self.n
-    return (merged[n + 1:2 * n + 1] & (_NOT_JOINED - 1), merged[2 * n + 1:3 * n + 1],
-            merged[3 * n + 1:4 * n + 1])
-
-  def moved(self, merged: np.ndarray) -> np.ndarray:
-    """Per client: the bytes its process moved a second over the last period
-    (less jdtensor's own)."""
-    return merged[4 * self.n + 1:]
-
-  def joined(self, merged: np.ndarray) -> np.ndarray:
-    """Per client: whether it has joined a collective yet (set-up is over)."""
-    n = self.n
-    return (merged[n + 1:2 * n + 1] & _NOT_JOINED) == 0
-
-  def active(self, merged: np.ndarray) -> np.ndarray:
-    """Per client: whether its main thread ran over the last period."""
-    n = self.n
-    return (merged[n + 1:2 * n + 1] & _ACTIVE) != 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-  """What one client says in a beat.
-
-  Attributes:
-    client: Its id.
-    token: The cluster's token (client 0's in the first beat, 0 elsewhere).
-    stop: Whether it asks every client to stop.
-    phase: Its main thread's phase (`jdtensor.heartbeat.flight`).
-    seconds: Seconds in that phase.
-    busy: Its process's CPU use over the last period, percent of a core.
-    joined: Whether it has joined a collective yet.
-    first: The first beat, where client 0's token fills every token slot
-      (DTensor's first all-reduce).
-    moved: Bytes its process read and wrote a second over the last period
-      (files, pipes, TCP), less jdtensor's own traffic.
-    active: Whether its main thread ran over the last period (not blocked
-      for the whole of it): the run's rhythm is counted in periods where
-      every client's did (`StallTimeout`).
-  """
-  client: int
-  token: int
-  stop: bool
-  phase: int
-  seconds: float
-  busy: float
-  joined: bool = True
-  first: bool = False
-  moved: float = 0.0
-  active: bool = True
-
-  @property
-  def phase_code(self) -> int:
-    """The phase slot: the phase, the not-joined bit (a client still in
-    set-up is never a staller) and the active bit."""
-    return (int(self.phase) | (0 if self.joined else _NOT_JOINED)
-            | (_ACTIVE if self.active else 0))
-
-  @property
-  def clamped(self) -> tuple[int, int]:
-    """(seconds, busy) as the int32 slots hold them."""
-    return (min(int(self.seconds), 2**31 - 1), max(0, min(int(self.busy), 10**6)))
-
-  @property
-  def moved_slot(self) -> int:
-    """`moved` as its int32 slot holds it."""
-    return max(0, min(int(self.moved), 2**31 - 1))
-
-  def vector(self, n: int) -> np.ndarray:
-    """This row in the merged beat's layout for `n` clients."""
-    row = np.zeros(5 * n + 1, np.int32)
-    c = self.client
-    if self.first and c == 0:
-      row[:n] = self.token
-    else:
-      row[c] = self.token
-    row[n] = int(self.stop)
-    row[n + 1 + c] = self.phase_code
-    row[2 * n + 1 + c], row[3 * n + 1 + c] = self.clamped
-    row[4 * n + 1 + c] = self.moved_slot
-    return row
-
-
-def from_ranges(ranges: Any, limit: int) -> list[int]:
-  """The ids of `to_ranges`' runs, each in ``[0, limit)``.
-
-  Raises:
-    ValueError: A malformed or out-of-range run.
-  """
-  out: list[int] = []
-  for first, last in ranges:
-    first, last = int(first), int(last)
-    if not 0 <= first <= last < limit:
-      raise ValueError(f"a run of clients out of range: {first}-{last}")
-    out.extend(range(first, last + 1))
-  return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-  """A failure every client names the same way.
-
-  Attributes:
-    kind: `EARLY_EXIT`, `STALLED`, `ALL_WAITING`, `OUT_OF_SYNC` or
-      `FIRST_TOKENS`.
-    culprits: The clients named (every client, for `ALL_WAITING`).
-    seconds: For `STALLED`: how long the staller ran its own code.
-    waiting: For `EARLY_EXIT`: the clients waiting in a collective.
-    tokens: For `OUT_OF_SYNC`: each culprit's token, in `culprits`' order;
-      for `FIRST_TOKENS`: every token slot.
-    cluster_token: For `OUT_OF_SYNC` and `FIRST_TOKENS`: the cluster's token.
-    timeout: For `STALLED`: the stall time-out it was named under, seconds.
-    learnt: For `STALLED` under a learnt time-out: the longest idle pause
-      it was learnt from, seconds; None under the set time-out.
-    early: For `STALLED` with learning on: the pause began before the run
-      had shown its rhythm, so the ceiling judged it.
-    busy: For `STALLED`: the staller's CPU use over the last period, percent
-      of a core.
-    moved: For `STALLED`: the bytes the staller's process moved a second
-      over the last period.
-  """
-  kind: VerdictKind
-  culprits: tuple[int, ...]
-  seconds: int = 0
-  waiting: tuple[int, ...] = ()
-  tokens: tuple[int, ...] = ()
-  cluster_token: int = 0
-  timeout: float = 0.0
-  learnt: float | None = None
-  early: bool = False
-  busy: int = 0
-  moved: int = 0
-
-  def token_of(self, client: int) -> int:
-    """The token `client`'s slot held (`OUT_OF_SYNC`)."""
-    if client in self.culprits:
-      return self.tokens[self.culprits.index(client)]
-    return self.cluster_token
-
-  def to_json(self) -> dict[str, Any]:
-    out = {"k": self.kind.value, "c": to_ranges(self.culprits), "s": self.seconds,
-           "w": to_ranges(self.waiting), "t": list(self.tokens),
-           "ct": self.cluster_token, "to": self.timeout}
-    if self.learnt is not None:
-      out["lf"] = self.learnt
-    if self.early:
-      out["ea"] = 1
-    if self.kind == STALLED:
-      out["bu"], out["mv"] = self.busy, self.moved
-    return out
-
-  @classmethod
-  def from_json(cls, data: dict[str, Any], n: int) -> Verdict:
-    try:
-      kind = VerdictKind(str(data["k"]))
-    except ValueError:
-      raise ValueError(f"an unknown verdict: {data['k']!r}") from None
-    culprits = tuple(from_ranges(data["c"], n))
-    tokens = tuple(int(t) for t in data.get("t", ()))
-    if kind == OUT_OF_SYNC and len(tokens) != len(culprits):
-      raise ValueError("a token per culprit expected")
-    learnt = data.get("lf")
-    return cls(kind, culprits, int(data.get("s", 0)),
-               tuple(from_ranges(data.get("w", ()), n)), tokens,
-               int(data.get("ct", 0)), float(data.get("to", 0.0)),
-               None if learnt is None else float(learnt), bool(data.get("ea", 0)),
-               int(data.get("bu", 0)), int(data.get("mv", 0)))
-
-
-# An outcome without news: beat, token, whether the run ends (a kind byte
-# first, as every binary frame on the links).
-_PLAIN = struct.Struct("<BIiB")
-PLAIN_OUTCOME = ord("D")
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-  """What one beat decided, the same for every client.
-
-  Attributes:
-    beat: The beat (0: the first exchange).
-    token: The cluster's token.
-    end: The run ends by agreement (a stop request, or every client at exit).
-    verdict: A failure, or None.
-    stragglers: (client, percent of the window the others waited for it) of
-      each client named a straggler at this beat.
-  """
-  beat: int
-  token: int
-  end: bool = False
-  verdict: Verdict | None = None
-  stragglers: tuple[tuple[int, float], ...] = ()
-
-  def to_wire(self) -> bytes | dict[str, Any]:
-    """A compact binary frame when there is no news, else a JSON object."""
-    if self.verdict is None and not self.stragglers:
-      return _PLAIN.pack(PLAIN_OUTCOME, self.beat, self.token, int(self.end))
-    out: dict[str, Any] = {"hb": "done", "b": self.beat, "t": self.token,
-                           "e": int(self.end)}
-    if self.verdict is not None:
-      out["v"] = self.verdict.to_json()
-    if self.stragglers:
-      out["s"] = [[c, round(share, 1)] for c, share in self.stragglers]
-    return out
-
-  @classmethod
-  def from_wire(cls, data: bytes | dict[str, Any], n: int) -> Outcome:
-    """The outcome `to_wire` encoded.
-
-    Raises:
-      ValueError, KeyError, TypeError: A malformed frame.
-    """
-    if isinstance(data, bytes):
-      try:
-        kind, beat, token, end = _PLAIN.unpack(data)
-      except struct.error:
-        raise ValueError(f"an outcome of {len(data)} bytes") from None
-      if kind != PLAIN_OUTCOME:
-        raise ValueError("not an outcome")
-      return cls(beat, token, bool(end))
-    verdict = Verdict.from_json(data["v"], n) if "v" in data else None
-    stragglers = tuple((int(c), float(s)) for c, s in data.get("s", ()))
-    if any(not 0 <= c < n for c, _ in stragglers):
-      raise ValueError("a straggler out of range")
-    return cls(int(data["b"]), int(data["t"]), bool(data.get("e")), verdict, stragglers)
-
-
 def stall_pattern(phases: np.ndarray, busy: np.ndarray, joined: np.ndarray,
                   moved: np.ndarray | None = None) -> int | None:
   """The one client running its own code, idle (under `IDLE_PERCENT` of a

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from jdtensor import heartbeat
+from jdtensor.heartbeat import leaving
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
 from tests.helpers import (LiveClients, clean_env, finish, parse_results,
                            start_clients)
@@ -142,7 +142,7 @@ def test_dead_host_survivors_exit_with_a_clear_message(hosts):
   finally:
     live.close()
   # A beat, the stuck time-out (checked each second), the roll call, the report.
-  bound = 1 + 3 + 1 + heartbeat.ROLL_CALL_GRACE + 3
+  bound = 1 + 3 + 1 + leaving.ROLL_CALL_GRACE + 3
   for c in (0, 1):
     assert live.procs[c].returncode == PEER_FAILURE_EXIT_CODE, live.err[c]
     assert ended[c] < bound, ended

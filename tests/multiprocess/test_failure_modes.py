@@ -13,8 +13,7 @@ import sys
 
 import pytest
 
-from jdtensor import heartbeat
-from jdtensor.heartbeat.protocol import HOST_EXIT_WAIT
+from jdtensor.heartbeat.leaving import HOST_EXIT_WAIT, ROLL_CALL_GRACE
 from tests.helpers import REPO, launch_clients
 from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 
@@ -195,7 +194,7 @@ def test_a_stopped_client_is_the_root_cause_everywhere():
                                      JDTENSOR_STUCK_TIMEOUT="3", STOP_SECONDS="10")
   assert res.first_failure == 1, res.reason
   ended = survivors_ended_after(res, stamps)  # A beat, the stuck time-out
-  assert all(t < 1 + 3 + 1 + heartbeat.ROLL_CALL_GRACE + 1.5  # (checked each
+  assert all(t < 1 + 3 + 1 + ROLL_CALL_GRACE + 1.5  # (checked each
              for t in ended.values()), ended           # second), the roll call.
   # Named by the others while it is stopped; or, if it wakes before the
   # launcher's SIGKILL, by itself.

@@ -639,10 +639,10 @@ def test_a_heartbeat_that_ends_between_the_wait_and_the_check_has_ended(ends_at)
   """Seen once in CI: the late finisher's agreed end came between a wait's
   time-out and the liveness check; the client took it for a lost heartbeat,
   skipped JAX's shutdown barrier, and the others' barrier aborted them."""
-  from jdtensor.heartbeat import _wait_for_the_agreed_end  # pylint: disable=g-import-not-at-top
-  assert _wait_for_the_agreed_end(_EndingHeartbeat(ends_at), 0.0, 1) is True
+  from jdtensor.heartbeat.leaving import wait_for_the_agreed_end  # pylint: disable=g-import-not-at-top
+  assert wait_for_the_agreed_end(_EndingHeartbeat(ends_at), 0.0, 1) is True
 
 
 def test_a_heartbeat_thread_gone_without_its_end_is_not_an_agreed_end():
-  from jdtensor.heartbeat import _wait_for_the_agreed_end  # pylint: disable=g-import-not-at-top
-  assert _wait_for_the_agreed_end(_EndingHeartbeat(None), 0.0, 1) is False
+  from jdtensor.heartbeat.leaving import wait_for_the_agreed_end  # pylint: disable=g-import-not-at-top
+  assert wait_for_the_agreed_end(_EndingHeartbeat(None), 0.0, 1) is False

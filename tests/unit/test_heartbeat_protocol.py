@@ -18,6 +18,7 @@ from jdtensor._report import Reason
 from jdtensor.heartbeat import protocol, verdicts
 from jdtensor.heartbeat.failures import Failure
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
+from jdtensor.heartbeat.leaving import WayOut
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 
@@ -300,7 +301,7 @@ def test_stuck_client_is_named_after_the_stuck_timeout_and_terminated():
   assert wait_for(lambda: exits, 15)
   assert exits[0] == PEER_FAILURE_EXIT_CODE
   # The 3 s stuck time-out (checked each second), then the roll call's grace.
-  assert 2.5 < time.monotonic() - start < 3 + 1 + heartbeat.ROLL_CALL_GRACE + 1.5
+  assert 2.5 < time.monotonic() - start < 3 + 1 + protocol.ROLL_CALL_GRACE + 1.5
   assert hbs[0].failure.client_ids == (1,)
   assert str(hbs[0].failure).startswith("heartbeat: client 1 missed beat ")
   assert str(hbs[0].failure).endswith("s ago); stopping this client")
@@ -630,13 +631,12 @@ class _SlowLauncherHooks(Hooks):
     super().tell_launcher(clients, reason, leaving)
 
 
-def _verdict_being_reported(monkeypatch):
+def _verdict_being_reported():
   """A heartbeat (policy "terminate") whose links' thread has recorded that
   client 2 stalled and is still telling the launcher (until `hooks.go`)."""
   codes = []
   hooks = _SlowLauncherHooks(codes)
   hb = beat(0.5, "terminate", 3, 4, process=hooks)
-  monkeypatch.setattr(heartbeat, "_current", hb)
   verdict = threading.Thread(target=hb.peer_reported, daemon=True,
                              args=([2], Reason("client 2 stalled", (2,), 0)))
   verdict.start()
@@ -645,16 +645,16 @@ def _verdict_being_reported(monkeypatch):
 
 
 def test_a_consequence_under_terminate_leaves_only_once_the_verdict_is_said(
-    capsys, monkeypatch):
+    capsys):
   """Seen in CI: the links' thread records a verdict, the beat thread ends on
   it and wakes the main thread's exit, which ended the process (code 75)
   while the links' thread was still reporting: the client never said whom
   it blamed. The exit now waits for the verdict's line."""
   from jdtensor.heartbeat.departure import Departure  # pylint: disable=g-import-not-at-top
-  hb, hooks, codes, verdict = _verdict_being_reported(monkeypatch)
+  hb, hooks, codes, verdict = _verdict_being_reported()
   assert not hb.said.is_set()
   left = []
-  leaving = threading.Thread(target=lambda: left.append(heartbeat.leave(Departure(
+  leaving = threading.Thread(target=lambda: left.append(WayOut(heartbeat=lambda: hb).leave(Departure(
       75, f"failed: ValueError: Gloo, after {hb.failure}", True, peer_lost=True,
       consequence=True))), daemon=True)
   leaving.start()
@@ -670,17 +670,16 @@ def test_a_consequence_under_terminate_leaves_only_once_the_verdict_is_said(
 
 
 def test_a_verdict_after_the_exit_gave_up_waiting_for_one_is_not_acted_on(
-    capsys, monkeypatch):
+    capsys):
   """Found on review: a verdict recorded between `blame_peer`'s time-out and
   the exit's `abandon` still ended the process (code 75) while the main
   thread announced its own failure. The two now decide under one lock."""
   from jdtensor.heartbeat.departure import Departure  # pylint: disable=g-import-not-at-top
   codes = []
   hb = beat(0.5, "terminate", 3, 4, process=Hooks(codes))
-  monkeypatch.setattr(heartbeat, "_current", hb)
   own = Departure(1, "failed: ValueError: Gloo all-reduce failed", True,
                   peer_lost=True)
-  assert heartbeat.blame_peer(own) is own  # Nobody named in time: its own.
+  assert WayOut(heartbeat=lambda: hb).blame_peer(own) is own  # Nobody named in time: its own.
   hb.peer_reported([2], Reason("client 2 stalled", (2,), 0))  # Too late.
   assert hb.failure is None and not hb.terminating and codes == []
   assert "client 2 stalled" not in capsys.readouterr().err
@@ -690,18 +689,18 @@ def test_a_verdict_after_the_exit_gave_up_waiting_for_one_is_not_acted_on(
     ("failed: ValueError: bad (train.py:3 in step)", 1),
     ("exited (code 3)", 3)], ids=["exception", "exit-code"])
 def test_a_failure_after_a_verdict_under_terminate_leaves_as_its_consequence(
-    capsys, monkeypatch, departure):
+    capsys, departure):
   """The verdict's thread is ending the process with code 75: the main
   thread, failing meanwhile for any reason, leaves as its consequence (same
   code, the verdict said once) rather than announcing a failure of its own."""
   from jdtensor.heartbeat.departure import Departure  # pylint: disable=g-import-not-at-top
-  hb, hooks, codes, verdict = _verdict_being_reported(monkeypatch)
+  hb, hooks, codes, verdict = _verdict_being_reported()
   why, code = departure
-  leaving = heartbeat.blame_peer(Departure(code, why, True))
+  leaving = WayOut(heartbeat=lambda: hb).blame_peer(Departure(code, why, True))
   assert leaving.code == PEER_FAILURE_EXIT_CODE and leaving.consequence
   assert leaving.why.startswith(f"{why}, after heartbeat: client 2 stalled")
   left = []
-  exiting = threading.Thread(target=lambda: left.append(heartbeat.leave(leaving)),
+  exiting = threading.Thread(target=lambda: left.append(WayOut(heartbeat=lambda: hb).leave(leaving)),
                              daemon=True)
   exiting.start()
   hooks.go.set()
@@ -713,10 +712,9 @@ def test_a_failure_after_a_verdict_under_terminate_leaves_as_its_consequence(
   assert "jdtensor: client" not in err, err
   # Under "raise", a failure after a verdict is still this client's own.
   hb2 = beat(0.5, "raise", 3, 4, process=Hooks([]))
-  monkeypatch.setattr(heartbeat, "_current", hb2)
   hb2.peer_reported([2], Reason("client 2 stalled", (2,), 0))
   mine = Departure(code, why, True)
-  assert heartbeat.blame_peer(mine) is mine
+  assert WayOut(heartbeat=lambda: hb2).blame_peer(mine) is mine
 
 
 def _wait_until(predicate, timeout=5.0):
