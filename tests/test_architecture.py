@@ -187,7 +187,7 @@ LAYERS = [
                    "_jaxlib_texts", "_monitoring",
                    "_report", "_status", "cluster", "steps"]),
     ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),
-    ("runtime leaves", ["runtime.links", "runtime.handshake",
+    ("runtime leaves", ["runtime.link_messages", "runtime.links", "runtime.handshake",
                         "runtime.host",
                         "runtime.rendezvous", "runtime.jax_private",
                         "runtime.startup", "tpu.topology"]),
@@ -494,3 +494,45 @@ def test_the_timeline_benchmark_reads_the_critical_path_from_the_client_that_imp
   assert row["after init"] == pytest.approx(140.0)
   assert row["client 0 last"] == 0.0
   assert bench_timeline.critical_path([last, first])["client 0 last"] == 1.0
+
+
+# -- sizes, types and frames (docs/guides/architecture.md) -------------------------------
+
+def _lines(path):
+  return len(path.read_text().splitlines())
+
+
+def test_no_module_outgrows_a_sitting():
+  """A newcomer reads a module in one sitting: none over 600 lines but the
+  data model's `layout.py` (DTensor's Mesh and Layout, kept as TF has them),
+  and the heartbeat's package entry point is the wiring only."""
+  big = {name: _lines(PACKAGE / name) for name in MODULES
+         if name != "layout.py" and _lines(PACKAGE / name) > 600}
+  assert not big, big
+  assert _lines(PACKAGE / "heartbeat" / "__init__.py") < 150
+
+
+# The modules that build or parse a frame another process reads: each layer
+# has one (the floor's `_wire`, the start-up handshake's messages, the links'
+# messages, the heartbeat's rows and outcomes, the launchers' node messages). `struct` elsewhere reads what the
+# kernel or a file format hands over, never a frame of jdtensor's.
+WIRE_MODULES = {"_wire.py", "runtime/handshake.py", "runtime/link_messages.py",
+                "heartbeat/wire.py", "launcher/channels.py"}
+KERNEL_AND_FILE_FORMATS = {"heartbeat/progress.py", "launcher/compile_cache.py"}
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_only_the_wire_modules_build_or_parse_frames(module):
+  tree = ast.parse((PACKAGE / module).read_text())
+  if module not in WIRE_MODULES | KERNEL_AND_FILE_FORMATS:
+    assert "struct" not in set(_all_imports(tree)), module
+  if module not in WIRE_MODULES:
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert not defined & {"to_frame", "from_frame", "to_wire", "from_wire", "row_frame",
+                          "read_row_frame"}, module
+
+
+def test_the_links_are_typed_without_exceptions():
+  """Link messages are `link_messages`' dataclasses and the watcher a
+  `LinkEvents`: nothing in the links needs a type checker silenced."""
+  assert "type: ignore" not in (PACKAGE / "runtime" / "links.py").read_text()

@@ -542,6 +542,10 @@ class Heartbeat:
     """Logs what another client said that is not a verdict."""
     logging.warning("client %d: %s", client, text)
 
+  def service_up(self) -> None:
+    """Start-up's news (`jdtensor.runtime.links.LinkEvents`): not the
+    heartbeat's."""
+
   # -- lifecycle ----------------------------------------------------------------
 
   def start_threads(self) -> None:

@@ -16,12 +16,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from jdtensor._report import Reason
 from jdtensor._wire import Frames, encode, encode_binary
+from jdtensor.runtime import link_messages as messages
+from jdtensor.runtime.link_messages import SERVICE_UP
 
-__all__ = ["Links", "LINK_FRAME", "SERVICE_UP"]
+__all__ = ["Links", "LinkEvents", "LINK_FRAME", "SERVICE_UP"]
 
 _TCP_ESTABLISHED = 1
 # The largest message on a link: the peers are authenticated, and the
@@ -38,8 +40,6 @@ _HUB_BATCH_WAIT = 0.002
 _HUB_BATCH = 32
 # Seconds a send may wait for room in a peer's socket buffer.
 _SEND_TIMEOUT = 5.0
-# Client 0's word, during start-up, that its JAX coordination service listens.
-SERVICE_UP = "service"
 
 
 def _send_all(sock: socket.socket, data: bytes, timeout: float = _SEND_TIMEOUT) -> None:
@@ -107,6 +107,34 @@ def _peer_open(sock: socket.socket) -> bool:
   return state == _TCP_ESTABLISHED
 
 
+class LinkEvents(Protocol):
+  """What the links tell their watcher (`Links.watch`), on the links' thread.
+  The start-up's watcher (`jdtensor.runtime.startup`) and the heartbeat
+  (`jdtensor.heartbeat.protocol.Heartbeat`) are the two; a subclass inherits
+  these defaults, which do nothing."""
+
+  def peer_died(self, client: int, how: str) -> None:
+    """A linked process ended without a goodbye."""
+
+  def peer_reported(self, clients: list[int], reason: Reason) -> None:
+    """A client (`reason.reporter`) reports `clients` failed (this client
+    included, when it is the one named)."""
+
+  def peer_left(self, client: int, code: int, why: str, failure: bool,
+                raised: bool = False) -> None:
+    """A client announces it is leaving, with its exit code and reason."""
+
+  def peer_notice(self, client: int, text: str) -> None:
+    """Something the others should know."""
+
+  def service_up(self) -> None:
+    """Client 0's JAX coordination service listens (said once, during
+    start-up)."""
+
+
+class _Unwatched(LinkEvents):
+  """No watcher: every event is ignored."""
+
 
 class Links:
   """The rendezvous connections, kept open to notice a dead process at once.
@@ -119,17 +147,8 @@ class Links:
   detection takes its heartbeat time-out, or aborts the survivors with a C++
   fatal log when client 0 dies).
 
-  Events go to a handler object (`watch`) with any of these methods, called
-  from a daemon thread:
-
-  * ``peer_died(client, how)``: a linked process ended without a goodbye;
-  * ``peer_reported(clients, reason)``: a client (`reason.reporter`) reports
-    `clients` failed (this client included, when it is the one named);
-  * ``peer_left(client, code, why, failed, raised)``: a client announces it is
-    leaving, with its exit code and reason;
-  * ``peer_notice(client, text)``: something the others should know;
-  * ``service_up()``: client 0's JAX coordination service listens (said
-    once, during start-up).
+  Events go to a `LinkEvents` (`watch`), called from a daemon thread; the
+  messages are `jdtensor.runtime.link_messages`'.
 
   Messages with an ``hb`` key, and every binary frame (a beat's row or
   outcome, `jdtensor._wire.encode_binary`), are the heartbeat's exchange
@@ -159,7 +178,7 @@ class Links:
     self._told_ended: set[int] = set()  # Client 0: "ended" sent for these.
     self._lock = threading.Lock()
     self._ended_changed = threading.Condition(self._lock)
-    self._handler: object | None = None
+    self._handler: LinkEvents = _Unwatched()
     self._thread: threading.Thread | None = None
     # One sender at a time on every connection: a message is never split by
     # another thread's.
@@ -197,19 +216,14 @@ class Links:
     for client, message in early:
       handler(client, message)
 
-  def watch(self, handler: object | None) -> None:
+  def watch(self, handler: LinkEvents | None) -> None:
     """Routes events to `handler` (None ignores them); starts watching."""
     with self._lock:
-      self._handler = handler
+      self._handler = handler if handler is not None else _Unwatched()
       if self._thread is None:
         self._thread = threading.Thread(target=self._watch, daemon=True,
                                         name="jdtensor-liveness")
         self._thread.start()
-
-  def _emit(self, event: str, *args: object) -> None:
-    method = getattr(self._handler, event, None)
-    if method is not None:
-      method(*args)
 
   def _watch(self) -> None:
     frames = {client: Frames(lenient=True, limit=LINK_FRAME, binary=True)
@@ -256,9 +270,9 @@ class Links:
             self._drop(client)
             self._mark_ended(client)
             if not self._closing and client not in self._said_bye:
-              self._emit("peer_died", client,
-                         "its process ended without saying goodbye"
-                         if client != 0 else "the coordinator's process ended")
+              self._handler.peer_died(client,
+                                      "its process ended without saying goodbye"
+                                      if client != 0 else "the coordinator's process ended")
             continue
           carrier = self._carrier
           if (chunk[0] == 0 and len(chunk) == 2 + chunk[1] and carrier is not None
@@ -272,70 +286,57 @@ class Links:
     finally:
       poller.close()
 
-  def _dispatch(self, client: int, message: dict[str, object] | bytes) -> None:
-    if isinstance(message, bytes) or "hb" in message:
+  def _dispatch(self, client: int, frame: dict[str, object] | bytes) -> None:
+    if isinstance(frame, bytes) or "hb" in frame:
       if self._closing:
         return
       with self._lock:
         carrier = self._carrier
         if carrier is None:
-          self._carried.append((client, message))
+          self._carried.append((client, frame))
       if carrier is not None:
-        carrier(client, message)
+        carrier(client, frame)
       return
-    if message.get("bye"):  # Its end of stream is now a normal exit.
+    try:
+      message = messages.read(frame, client)
+    except (KeyError, TypeError, ValueError):
+      return  # A malformed message from a peer is dropped.
+    if isinstance(message, messages.Bye):  # Its end of stream is now a normal exit.
       self._said_bye.add(client)
       return
     if self._closing:
       return
-    if SERVICE_UP in message:  # Client 0's own word; never relayed.
+    handler = self._handler
+    if isinstance(message, messages.ServiceUp):  # Client 0's own word; never relayed.
       if client == 0:
-        self._emit("service_up")
+        handler.service_up()
       return
-    if "ended" in message:  # Client 0's own word; never relayed.
+    if isinstance(message, messages.Ended):  # Client 0's own word; never relayed.
       if client == 0:
-        try:
-          self._mark_ended(int(message["ended"]))  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-          pass
+        self._mark_ended(message.client)
       return
-    # The hub relays to everyone else; not a normal departure, which only
-    # client 0 needs, nor a report naming only clients already reported
-    # (when one client fails, N clients may each report it: relaying every
-    # report would cost client 0 N^2 messages).
+    # The hub relays to everyone else, as it came; not a normal departure,
+    # which only client 0 needs, nor a report naming only clients already
+    # reported (when one client fails, N clients may each report it:
+    # relaying every report would cost client 0 N^2 messages).
     if self.client_id == 0 and self._relayed(message):
-      self._send(message, skip={client})
-    try:
-      if "failed" in message:
-        self._emit("peer_reported", [int(c) for c in message["failed"]],  # type: ignore[union-attr]
-                   Reason(str(message.get("why", "")),
-                          tuple(int(c) for c in message.get("subject", ())),  # type: ignore[union-attr]
-                          int(message.get("by", client))))  # type: ignore[arg-type]
-      elif "left" in message:
-        self._emit("peer_left", int(message["left"]), int(message.get("code", 0)),  # type: ignore[arg-type]
-                   str(message.get("why", "")), bool(message.get("failure")),
-                   bool(message.get("raised")))
-      elif "notice" in message:
-        self._emit("peer_notice", int(message.get("by", client)),  # type: ignore[arg-type]
-                   str(message["notice"]))
-    except (TypeError, ValueError):
-      pass  # A malformed message from a peer is ignored.
+      self._send(frame, skip={client})
+    if isinstance(message, messages.Failed):
+      handler.peer_reported(list(message.clients), message.reason)
+    elif isinstance(message, messages.Left):
+      handler.peer_left(message.client, message.code, message.why, message.failure,
+                        message.raised)
+    elif isinstance(message, messages.Notice):
+      handler.peer_notice(message.by, message.text)
 
-  def _relayed(self, message: dict[str, object]) -> bool:
+  def _relayed(self, message: messages.LinkMessage | None) -> bool:
     """Client 0: whether `message` goes on to every other client."""
-    if "left" in message:
-      if message.get("failure"):
-        try:
-          self._mark_culprits([int(message["left"])])  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-          pass
-        return True
-      return False
-    if "failed" in message:
-      try:
-        named = {int(c) for c in message["failed"]}  # type: ignore[union-attr]
-      except (TypeError, ValueError):
-        return False
+    if isinstance(message, messages.Left):
+      if message.failure:
+        self._mark_culprits([message.client])
+      return message.failure
+    if isinstance(message, messages.Failed):
+      named = set(message.clients)
       with self._lock:
         new = not named <= self._reported
         self._reported |= named
@@ -368,7 +369,7 @@ class Links:
       news = sorted((self._culprits & self._ended) - self._told_ended)
       self._told_ended.update(news)
     for client in news:
-      self._send({"ended": client})
+      self._send(messages.Ended(client).to_frame())
 
   def wait_ended(self, clients: Collection[int], timeout: float) -> bool:
     """Waits up to `timeout` s until the processes of `clients` have ended,
@@ -422,20 +423,21 @@ class Links:
       with self._lock:
         self._reported.update(int(c) for c in clients)
       self._mark_culprits([int(c) for c in clients])
-    self._send({"failed": [int(c) for c in clients], "why": reason.detail,
-                "subject": [int(c) for c in reason.subject], "by": self.client_id})
+    self._send(messages.Failed(tuple(int(c) for c in clients), reason.detail,
+                               tuple(int(c) for c in reason.subject),
+                               self.client_id).to_frame())
 
   def announce_departure(self, code: int, why: str, failure: bool,
                          raised: bool = False) -> None:
     """Tells every other client that this one is leaving with a `failure`
     (`raised`: an exception), and why; a normal departure reaches client 0
     only."""
-    self._send({"left": self.client_id, "code": int(code), "why": why,
-                "failure": bool(failure), "raised": bool(raised)})
+    self._send(messages.Left(self.client_id, int(code), why, bool(failure),
+                             bool(raised)).to_frame())
 
   def notice(self, text: str) -> None:
     """Tells every other client something worth logging."""
-    self._send({"notice": text, "by": self.client_id})
+    self._send(messages.Notice(text, self.client_id).to_frame())
 
   def wait_peers_gone(self, timeout: float, ignore: Sequence[int] = ()) -> None:
     """Waits up to `timeout` s until every linked process (but `ignore`) ended.
@@ -460,4 +462,4 @@ class Links:
     process to be really gone before it exits.
     """
     self._closing = True
-    self._send({"bye": True})
+    self._send(messages.Bye().to_frame())

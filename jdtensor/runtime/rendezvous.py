@@ -59,7 +59,8 @@ from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, NONCE_RE, POLL_SEC
                                         Hello, Meeting, clients_text,
                                         bind_address, jobs_digest, retry_delays,
                                         run_id, send)
-from jdtensor.runtime.links import SERVICE_UP, Links
+from jdtensor.runtime.link_messages import SERVICE_UP, ServiceUp
+from jdtensor.runtime.links import Links
 
 __all__ = ["Hello", "Meeting", "bind_address", "rendezvous",
            "wait_for_service", "announce_service", "wait_for_service_notice",
@@ -273,7 +274,7 @@ def announce_service(coordinator: str, deadline: Deadline, links: Links) -> thre
       wait_for_service(coordinator, deadline, 0)
     except StartupTimeoutError:
       return
-    links.send({SERVICE_UP: True})
+    links.send(ServiceUp().to_frame())
   thread = threading.Thread(target=watch, name="jdtensor-service-watch", daemon=True)
   thread.start()
   return thread

@@ -23,7 +23,7 @@ from jdtensor._deadline import Deadline
 from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, StartupError, StartupTimeoutError,
                              inherited_client_message)
 from jdtensor.runtime import rendezvous
-from jdtensor.runtime.links import Links
+from jdtensor.runtime.links import LinkEvents, Links
 
 if TYPE_CHECKING:
   from jdtensor._device_nodes import GpuIdentity
@@ -136,7 +136,7 @@ def _bind_collectives_to_job_address(host: str | None, client_id: int) -> None:
                client_id)
 
 
-class _StartupWatch:
+class _StartupWatch(LinkEvents):
   """Liveness-link events during start-up: a peer's death stops this client;
   client 0's word that its JAX service listens sets `service_listening`."""
 
