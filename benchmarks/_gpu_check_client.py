@@ -18,8 +18,6 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 started = time.perf_counter()
 import jdtensor  # noqa: E402
 

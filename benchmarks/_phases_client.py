@@ -191,5 +191,4 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   main(sys.argv[1])

@@ -1,6 +1,6 @@
 """The DTensor API on repeated calls: jdtensor vs the plain JAX it wraps.
 
-    python benchmarks/bench_api.py [--repeats N] [--calls N]
+    python -m benchmarks.bench_api [--repeats N] [--calls N]
 
 On 8 simulated CPU devices (a child process, so the device count is set before
 JAX starts), times repeated calls of `relayout`, `relayout_like`,
@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DEVICES = 8
 TARGET_RATIO = 2.0

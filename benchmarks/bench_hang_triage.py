@@ -3,9 +3,9 @@ the learnt time-out, against the set one (learning off); and the healthy
 pauses that must never be named: a rare long load, a slow set-up after a
 barrier, a one-off upload or slow write.
 
-    python benchmarks/bench_hang_triage.py [--clients 4,32] [--baseline]
+    python -m benchmarks.bench_hang_triage [--clients 4,32] [--baseline]
 
-Clients under `jdtensor launch` (tests/multiprocess/hang_client.py), one CPU
+Clients under `jdtensor launch` (tests/multiprocess/clients/hang_client.py), one CPU
 device each, the heartbeat's defaults (period 2 s, floor 60 s,
 JDTENSOR_STALL_TIMEOUT 300 s): a loop of 1 s steps, each an idle data load
 and a meeting (a psum over every device, or a coordination-service barrier).
@@ -26,12 +26,11 @@ import re
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks._paths import ROOT
+from tests.helpers import TrickleServer, launch_clients
 
-from tests.helpers import TrickleServer, launch_clients  # noqa: E402
 
-CLIENT = os.path.join(ROOT, "tests", "multiprocess", "hang_client.py")
+CLIENT = os.path.join(ROOT, "tests", "multiprocess", "clients", "hang_client.py")
 DEFAULTS = {"JDTENSOR_HEARTBEAT_PERIOD": "2", "JDTENSOR_STUCK_TIMEOUT": "60",
             "JDTENSOR_COORDINATION_TIMEOUT": "100", "JDTENSOR_INIT_TIMEOUT": "300",
             "STEP_SECONDS": "1", "MISBEHAVE_AFTER": "40"}

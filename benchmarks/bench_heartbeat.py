@@ -1,6 +1,6 @@
 """Heartbeat overhead: start-up, memory, idle CPU and a psum-heavy loop.
 
-    python benchmarks/bench_heartbeat.py [--repeats N] [--seconds S]
+    python -m benchmarks.bench_heartbeat [--repeats N] [--seconds S]
 
 1. The heartbeat's start-up cost: cold start to the first psum, 4
    clients x 2 CPU devices, heartbeat on vs off vs raw ``jax.distributed``;
@@ -22,12 +22,11 @@ import re
 import statistics
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks._paths import ROOT, with_checkout
+from benchmarks import bench_startup
+from benchmarks._timing import machine
+from jdtensor import launcher
 
-from benchmarks import bench_startup  # noqa: E402
-from benchmarks._timing import machine  # noqa: E402
-from jdtensor import launcher  # noqa: E402
 
 CONFIGS = {"off": {"DTENSOR_ENABLE_HEARTBEAT": "false"},
            "period 1 s": {"JDTENSOR_HEARTBEAT_PERIOD": "1"},
@@ -35,6 +34,7 @@ CONFIGS = {"off": {"DTENSOR_ENABLE_HEARTBEAT": "false"},
 
 
 def _launch(env: dict[str, str], mode: str, seconds: float) -> str:
+  env = with_checkout({**os.environ, **env})
   saved = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
   try:

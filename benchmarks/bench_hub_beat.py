@@ -2,7 +2,7 @@
 and decider over N real TCP connections, nothing else on the machine's
 clock.
 
-    python benchmarks/bench_hub_beat.py [--clients 1024,4096] [--beats 2]
+    python -m benchmarks.bench_hub_beat [--clients 1024,4096] [--beats 2]
 
 `bench_pod_scale.py` runs every client's real heartbeat as threads, so on a
 2-core machine client 0's figure there carries the other clients' load
@@ -35,16 +35,14 @@ import subprocess
 import sys
 import threading
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from jdtensor._env import HeartbeatSettings
+from jdtensor._wire import encode_binary
+from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange, ack_every_for
+from jdtensor.heartbeat.flight import RUNNING
+from jdtensor.heartbeat.protocol import Heartbeat
+from jdtensor.heartbeat.verdicts import Row
+from jdtensor.runtime.links import Links
 
-from jdtensor._env import HeartbeatSettings  # noqa: E402
-from jdtensor._wire import encode_binary  # noqa: E402
-from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange, ack_every_for  # noqa: E402
-from jdtensor.heartbeat.flight import RUNNING  # noqa: E402
-from jdtensor.heartbeat.protocol import Heartbeat  # noqa: E402
-from jdtensor.heartbeat.verdicts import Row  # noqa: E402
-from jdtensor.runtime.links import Links  # noqa: E402
 
 PERIOD = 2.0  # The default period.
 ACK_EVERY = ack_every_for(PERIOD, HeartbeatSettings().stuck_timeout)

@@ -1,6 +1,6 @@
 """Where the machine idles during a cold start: why the wall follows the CPU.
 
-    python benchmarks/bench_idle.py [--clients 32] [--repeats 3]
+    python -m benchmarks.bench_idle [--clients 32] [--repeats 3]
 
 Each round starts the clients of raw JAX and of jdtensor in turn (by hand, as
 `bench_startup_cpu.py` does: `_phases_client.py`, every module's bytecode
@@ -22,15 +22,12 @@ time: jdtensor's wall is raw JAX's minus raw JAX's idle time plus
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_startup_cpu import _CACHED, communicate_all, start_clients  # noqa: E402
+from benchmarks.bench_startup_cpu import _CACHED, communicate_all, start_clients
 
 _SAMPLE_SECONDS = 0.05
 

@@ -1,6 +1,6 @@
 """Start-up cost in instructions, jdtensor vs raw JAX: a repeatable CPU figure.
 
-    python benchmarks/bench_instructions.py [--repeats N] [--shapes 2x1,4x1]
+    python -m benchmarks.bench_instructions [--repeats N] [--shapes 2x1,4x1]
 
 CPU seconds on this shared 2-core machine spread about ±5% between rounds
 (`import jax` alone moves 30-80 ms a client), so no timed run can tell 1.05x
@@ -34,12 +34,10 @@ import os
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_startup_cpu import _CACHED, communicate_all, start_clients  # noqa: E402
+from benchmarks.bench_startup_cpu import _CACHED, communicate_all, start_clients
 
 CONTENDERS = {"raw JAX": ("raw", {}), "jdtensor": ("jdtensor", {}),
               "jdtensor, heartbeat off": ("jdtensor", {"DTENSOR_ENABLE_HEARTBEAT": "false"})}

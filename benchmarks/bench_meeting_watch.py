@@ -2,7 +2,7 @@
 costs a client before its first meeting, when every call site of the
 program is new to it.
 
-    python benchmarks/bench_meeting_watch.py [--repeats N]
+    python -m benchmarks.bench_meeting_watch [--repeats N]
 
 Each repetition runs, in a fresh interpreter with and without the watch
 started first (interleaved): tracing and compiling a jitted function of 300
@@ -19,11 +19,10 @@ import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks._paths import with_checkout
 
 _BODY = r"""
 import json, sys, time
-sys.path.insert(0, {root!r})
 if {watch}:
   from jdtensor.heartbeat.meetings import ServiceWaitWatch
   assert ServiceWaitWatch().start()
@@ -47,9 +46,9 @@ print(json.dumps({{"trace": trace, "loop": loop}}))
 
 
 def one(watch: bool) -> dict[str, float]:
-  out = subprocess.run([sys.executable, "-c", _BODY.format(root=ROOT, watch=watch)],
+  out = subprocess.run([sys.executable, "-c", _BODY.format(watch=watch)],
                        capture_output=True, text=True, timeout=300, check=True,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                       env=with_checkout({**os.environ, "JAX_PLATFORMS": "cpu"}))
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 

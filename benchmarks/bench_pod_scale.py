@@ -1,7 +1,7 @@
 """Pod scale with the real code: start-up, a beat's cost, the heartbeat's CPU
 and its detection, at N clients on one machine.
 
-    python benchmarks/bench_pod_scale.py [--clients 256,1024,4096] [--processes 4]
+    python -m benchmarks.bench_pod_scale [--clients 256,1024,4096] [--processes 4]
 
 No JAX: N clients run as threads in a few processes, each with the real
 start-up handshake (`jdtensor.runtime.rendezvous`), liveness links, exchange
@@ -61,21 +61,19 @@ import time
 import traceback
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import numpy as np
 
-import numpy as np  # noqa: E402
+from jdtensor._deadline import Deadline
+from jdtensor._env import HeartbeatSettings
+from jdtensor._wire import Frames, encode, encode_binary
+from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange, ack_every_for
+from jdtensor.heartbeat.flight import RUNNING, WAITING
+from jdtensor.heartbeat.interfaces import ProcessHooks
+from jdtensor.heartbeat.protocol import Heartbeat
+from jdtensor.heartbeat.verdicts import Row
+from jdtensor.launcher import free_ports
+from jdtensor.runtime import rendezvous
 
-from jdtensor._deadline import Deadline  # noqa: E402
-from jdtensor._env import HeartbeatSettings  # noqa: E402
-from jdtensor._wire import Frames, encode, encode_binary  # noqa: E402
-from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange, ack_every_for  # noqa: E402
-from jdtensor.heartbeat.flight import RUNNING, WAITING  # noqa: E402
-from jdtensor.heartbeat.interfaces import ProcessHooks  # noqa: E402
-from jdtensor.heartbeat.protocol import Heartbeat  # noqa: E402
-from jdtensor.heartbeat.verdicts import Row  # noqa: E402
-from jdtensor.launcher import free_ports  # noqa: E402
-from jdtensor.runtime import rendezvous  # noqa: E402
 
 SECRET = "pod-scale-bench-" * 4
 TIMEOUT = 300.0

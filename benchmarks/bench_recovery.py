@@ -1,6 +1,6 @@
 """Time to recovery: from a client's SIGKILL to the next attempt's first step.
 
-    python benchmarks/bench_recovery.py [--repeats N] [--layers 150] [--clients 3]
+    python -m benchmarks.bench_recovery [--repeats N] [--layers 150] [--clients 3]
         [--checkpoint numpy|orbax|both]
 
 ``jdtensor launch -n 3 --max-restarts 1`` of benchmarks/_recovery_client.py:
@@ -37,7 +37,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks._paths import ROOT, with_checkout
+
 CLIENT = os.path.join(ROOT, "benchmarks", "_recovery_client.py")
 
 _MARK = re.compile(r"^\[client (\d+)\] MARK (\w+) (\d+\.\d+)$", re.M)
@@ -46,9 +47,8 @@ _TTR = re.compile(r"time to recovery: restart 1 after client \d+'s failure: (\d+
 
 
 def _env(**extra: str) -> dict[str, str]:
-  env = {k: v for k, v in os.environ.items()
-         if not k.startswith(("DTENSOR_", "JDTENSOR_", "JAX_"))}
-  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  env = with_checkout({k: v for k, v in os.environ.items()
+                       if not k.startswith(("DTENSOR_", "JDTENSOR_", "JAX_"))})
   env.update(extra)
   return env
 

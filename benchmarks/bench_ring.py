@@ -1,6 +1,6 @@
 """TPU ring orders and mesh construction at scale: jdtensor vs DTensor's Python.
 
-    python benchmarks/bench_ring.py [--repeats N]
+    python -m benchmarks.bench_ring [--repeats N]
 
 Compares `jdtensor.tpu.ring_order` (numpy) with DTensor's own pure-Python
 algorithm (enumeration + cmp_to_key ring sort), run side by side in one
@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
 import numpy as np
 
-sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 
-from benchmarks._timing import interleaved, machine, summary  # noqa: E402
-from jdtensor import Mesh  # noqa: E402
-from jdtensor.tpu import ring  # noqa: E402
+from benchmarks._timing import interleaved, machine, summary
+from jdtensor import Mesh
+from jdtensor.tpu import ring
 
 TOPOLOGIES = [[8, 8, 8, 2], [16, 16, 8, 2], [16, 16, 16, 2], [16, 16, 32, 2]]
 

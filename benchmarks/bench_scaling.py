@@ -1,8 +1,8 @@
 """Start-up and dead-client detection as the client count grows, 2 to 32.
 
-    python benchmarks/bench_scaling.py [--repeats N] [--clients 2,4,8,16,32]
+    python -m benchmarks.bench_scaling [--repeats N] [--clients 2,4,8,16,32]
         [--tf-clients 2,4,8,16] [--plot benchmarks/scaling.png]
-    python benchmarks/bench_scaling.py --paired-only [--repeats N] [--clients 16,32]
+    python -m benchmarks.bench_scaling --paired-only [--repeats N] [--clients 16,32]
 
 1. Cold start. N clients x 1 CPU device, each building a mesh of every
    device, running one cross-client psum and exiting normally
@@ -43,11 +43,10 @@ import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks._paths import ROOT
+from benchmarks._timing import machine
+from benchmarks.bench_startup_cpu import _CACHED, CLIENT, free_ports
 
-from benchmarks._timing import machine  # noqa: E402
-from benchmarks.bench_startup_cpu import _CACHED, CLIENT, free_ports  # noqa: E402
 
 PY = sys.executable
 TF_PY = os.environ.get("JDTENSOR_BENCH_TF_PYTHON")

@@ -1,6 +1,6 @@
 """Start-up and failure detection, side by side with raw JAX and TF DTensor.
 
-    python benchmarks/bench_startup.py [--repeats N] [--skip-raw-detection]
+    python -m benchmarks.bench_startup [--repeats N] [--skip-raw-detection]
 
 1. Cold start to first collective: wall time from launching 4 clients x 2 CPU
    devices to every client having finished one cross-client psum, for
@@ -13,7 +13,7 @@
 3. Dead-client detection: SIGKILL one of 4 clients, time until the last
    survivor has exited: jdtensor (heartbeat period 1 s) vs raw JAX's defaults.
 4. The other ways a client stops taking part (3 clients x 2 devices, a psum
-   loop, client 1 misbehaves at step 3; tests/multiprocess/failure_client.py):
+   loop, client 1 misbehaves at step 3; tests/multiprocess/clients/failure_client.py):
    an exception, and a stall (stall time-out 3 s): time from the misbehaviour
    to the last survivor's exit.
 
@@ -32,11 +32,10 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks._paths import ROOT
+from benchmarks._timing import machine
+from jdtensor.launcher import free_ports
 
-from benchmarks._timing import machine  # noqa: E402
-from jdtensor.launcher import free_ports  # noqa: E402
 
 PY = sys.executable
 TF_PY = os.environ.get("JDTENSOR_BENCH_TF_PYTHON")
@@ -152,7 +151,7 @@ def detection(kind: str, n: int = 4) -> float:
     _reap(procs, 5)
 
 
-FAILURE_CLIENT = os.path.join(ROOT, "tests", "multiprocess", "failure_client.py")
+FAILURE_CLIENT = os.path.join(ROOT, "tests", "multiprocess", "clients", "failure_client.py")
 
 
 def misbehaviour_detection(what: str, env: dict[str, str]) -> float:

@@ -1,6 +1,6 @@
 """Where a client's start-up CPU goes, phase by phase, jdtensor vs raw JAX.
 
-    python benchmarks/bench_startup_cpu.py [--repeats N] [--shapes 4x2,8x1,16x1]
+    python -m benchmarks.bench_startup_cpu [--repeats N] [--shapes 4x2,8x1,16x1]
 
 Each contender starts N clients by hand (no launcher: the same for all), each
 doing the same work (`_phases_client.py`: imports, initialisation, a mesh and
@@ -31,7 +31,8 @@ import tempfile
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks._paths import ROOT
+
 CLIENT = os.path.join(ROOT, "benchmarks", "_phases_client.py")
 PHASES = ("imports", "init", "first", "exit")
 # A bytecode cache as an installed wheel has, filled by `main`'s warm-up run;

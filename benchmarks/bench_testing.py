@@ -1,7 +1,7 @@
 """Multi-client tests: jdtensor.testing vs a hand-written launcher run, and
 a module of tests fresh, on warm clusters, and in one process.
 
-    python benchmarks/bench_testing.py [--repeats N] [--part body|module|both]
+    python -m benchmarks.bench_testing [--repeats N] [--part body|module|both]
 
 Part 1 (``body``): both contenders run the same work, 4 clients x 2 CPU
 devices doing one psum (benchmarks/_psum_body.py), from this process (which
@@ -35,13 +35,12 @@ import io
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks._paths import ROOT, with_checkout
+from benchmarks import _psum_body
+from benchmarks._timing import interleaved, summary
+from jdtensor import launcher
+from jdtensor.testing import run_in_multi_client
 
-from benchmarks import _psum_body  # noqa: E402
-from benchmarks._timing import interleaved, summary  # noqa: E402
-from jdtensor import launcher  # noqa: E402
-from jdtensor.testing import run_in_multi_client  # noqa: E402
 
 CLIENTS, DEVICES = 4, 2
 TARGET_RATIO = 1.2
@@ -69,8 +68,7 @@ def main(argv=None) -> str:
   parser.add_argument("--part", choices=["body", "module", "both"], default="both")
   args = parser.parse_args(argv)
   jax_already = "jax" in sys.modules  # run_all.py imports it for its version.
-  os.environ["PYTHONPATH"] = os.pathsep.join(
-      [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+  os.environ.update(with_checkout(os.environ))
   parts = []
   if args.part in ("body", "both"):
     parts.append(_body(args.repeats, jax_already))

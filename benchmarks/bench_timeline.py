@@ -1,7 +1,7 @@
 """Two clients' start-up by the wall clock: where jdtensor's critical path is
 longer than raw JAX's.
 
-    python benchmarks/bench_timeline.py [--repeats N] [--clients 2] [--heartbeat-off]
+    python -m benchmarks.bench_timeline [--repeats N] [--clients 2] [--heartbeat-off]
 
 Each round starts the clients of each contender by hand, as
 `bench_startup_cpu.py` does (`_phases_client.py`, every module's bytecode
@@ -21,13 +21,10 @@ and its threads put on the path.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_startup_cpu import _CACHED, communicate_all, start_clients  # noqa: E402
+from benchmarks.bench_startup_cpu import _CACHED, communicate_all, start_clients
 
 # A raw JAX round whose initialisation took longer than this hit the back-off.
 BACKOFF_SECONDS = 0.3

@@ -1,10 +1,10 @@
 """Detection latency of the heartbeat's verdicts in the shapes users run.
 
-    python benchmarks/bench_verdicts.py [--repeats N]
+    python -m benchmarks.bench_verdicts [--repeats N]
 
 4 clients under `jdtensor launch`, heartbeat period 0.5 s, 1 and 2 CPU
 devices per client, the result kept in a variable or read as a temporary
-(tests/multiprocess/waiting_client.py). For each case: seconds from the
+(tests/multiprocess/clients/waiting_client.py). For each case: seconds from the
 misbehaviour (``MISBEHAVING`` on the client) to the launcher's return, the
 client the launcher names first, and the launcher's exit code. Medians of
 interleaved repetitions.
@@ -19,12 +19,11 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks._paths import ROOT
+from tests.helpers import launch_clients
 
-from tests.helpers import launch_clients  # noqa: E402
 
-CLIENT = os.path.join(ROOT, "tests", "multiprocess", "waiting_client.py")
+CLIENT = os.path.join(ROOT, "tests", "multiprocess", "clients", "waiting_client.py")
 # name -> (scenario, misbehaving client, bound the row promises, extra env)
 CASES = {
     "stall (kept), stall time-out 4 s": ("stall", 2, "4 s + 2 periods",

@@ -1,6 +1,7 @@
 """jdtensor on a GPU machine, in one command: does each promise hold there?
 
     python benchmarks/gpu_check.py [--out gpu_check.md] [--platform gpu|cpu]
+    python -m benchmarks.gpu_check ...        (the same, from the checkout's root)
 
 Runs from a plain copy of the repository with the machine's own Python and
 JAX (jdtensor is imported from the checkout; nothing is downloaded or
@@ -39,10 +40,17 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+try:
+  from benchmarks._paths import ROOT, with_checkout
+except ModuleNotFoundError:  # Run by path, as `python benchmarks/gpu_check.py`:
+  # run again as the checkout's module, which imports `benchmarks` and
+  # `jdtensor` from the checkout (a device machine has jdtensor uninstalled).
+  _checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  os.execve(sys.executable, [sys.executable, "-m", "benchmarks.gpu_check", *sys.argv[1:]],
+            {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [_checkout, *filter(None, [os.environ.get("PYTHONPATH")])])})
+from jdtensor import _device_nodes, _env, launcher  # Never starts JAX.
 
-from jdtensor import _device_nodes, _env, launcher  # noqa: E402  (never starts JAX)
 
 CLIENT = os.path.join(ROOT, "benchmarks", "_gpu_check_client.py")
 STALL_TIMEOUT = 5.0
@@ -81,9 +89,8 @@ class Plan:
     self.wait_on = "CPU" if self.device == "CPU" or self.shared else "GPU"
 
   def env(self, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DTENSOR_", "JDTENSOR_"))}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env = with_checkout({k: v for k, v in os.environ.items()
+                         if not k.startswith(("DTENSOR_", "JDTENSOR_"))})
     env["JDTENSOR_HEARTBEAT_PERIOD"] = "0.5"
     if self.shared:
       env[_env.JDTENSOR_SHARE_GPUS] = "1"

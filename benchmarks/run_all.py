@@ -1,10 +1,12 @@
 """Runs every benchmark and writes benchmarks/RESULTS.md.
 
-    python benchmarks/run_all.py [--repeats N] [--only SECTION,...]
+    python -m benchmarks.run_all [--repeats N] [--only SECTION,...]
 
+(from the checkout's root, as every benchmark: ``python -m benchmarks.<name>``).
 ``--only`` reruns the named sections (startup, startup_cpu, instructions,
-scaling, ring, heartbeat, api, testing, verdicts, hang, faults) and keeps the others
-as they are in RESULTS.md, each with the date it was made.
+scaling, ring, heartbeat, api, testing, verdicts, hang, faults) and keeps the
+others as they are in RESULTS.md, each with the date it was made; a section
+of a standalone benchmark (`STANDALONE`) is kept as it is.
 
 Every figure is measured side by side with its baseline in the same run
 (this machine is shared and noisy): compare the ratios; absolute times are
@@ -16,18 +18,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import platform
+import re
+import subprocess
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import platform  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
 
 from benchmarks import (bench_api, bench_heartbeat, bench_instructions, bench_ring,
                         bench_scaling, bench_startup, bench_startup_cpu,
-                        bench_hang_triage, bench_testing, bench_verdicts)  # noqa: E402
-from benchmarks._timing import machine  # noqa: E402
+                        bench_hang_triage, bench_testing, bench_verdicts)
+from benchmarks._timing import machine
 
 
 def fault_suite() -> str:
@@ -45,22 +44,22 @@ def fault_suite() -> str:
 
 SECTIONS = {  # key -> (title, intro)
     "startup": ("Start-up and failure detection",
-                "`python benchmarks/bench_startup.py`. Targets: cold start within "
+                "`python -m benchmarks.bench_startup`. Targets: cold start within "
                 "15% of raw JAX and at least 3x faster than TF DTensor; "
                 "dead-client detection within 5 s."),
     "startup_cpu": ("Start-up CPU by phase",
-                    "`python benchmarks/bench_startup_cpu.py`: where a client's "
+                    "`python -m benchmarks.bench_startup_cpu`: where a client's "
                     "start-up CPU goes (imports, init, mesh + first psum, exit), "
                     "jdtensor with and without its heartbeat against raw JAX, "
                     "clients started by hand."),
     "instructions": ("Start-up in instructions",
-                     "`python benchmarks/bench_instructions.py`: each client's "
+                     "`python -m benchmarks.bench_instructions`: each client's "
                      "instructions under valgrind's callgrind, raw JAX vs jdtensor "
                      "(heartbeat on and off), every module's bytecode from one "
                      "cache: a CPU figure far steadier than CPU seconds (the "
                      "1.05x target); run it on an otherwise idle machine."),
     "scaling": ("Start-up scaling, 2 to 32 clients",
-                "`python benchmarks/bench_scaling.py`: cold start (raw JAX, "
+                "`python -m benchmarks.bench_scaling`: cold start (raw JAX, "
                 "jdtensor as installed and from source, `jdtensor launch`, TF "
                 "DTensor where installed) and dead-client detection at 2, 4, 8, 16 "
                 "and 32 clients x 1 CPU device. Targets: jdtensor's CPU "
@@ -70,27 +69,27 @@ SECTIONS = {  # key -> (title, intro)
              "`jdtensor.tpu.ring_order` vs DTensor's pure-Python ring algorithm "
              "(same results asserted before timing), interleaved in one process."),
     "heartbeat": ("Heartbeat overhead",
-                  "`python benchmarks/bench_heartbeat.py`: the heartbeat's "
+                  "`python -m benchmarks.bench_heartbeat`: the heartbeat's "
                   "start-up and memory (heartbeat on vs off vs raw JAX), then "
                   "heartbeat off, period 1 s and 0.1 s, interleaved runs under "
                   "`jdtensor launch`. Targets: at most +0.1 s cold start, +30 MiB "
                   "per client, 0.5% of a core at period 1 s."),
     "api": ("DTensor API on repeated calls",
-            "`python benchmarks/bench_api.py`: relayout, relayout_like, "
+            "`python -m benchmarks.bench_api`: relayout, relayout_like, "
             "call_with_layout, pack, unpack and fetch_layout against the plain "
             "JAX each stands for, interleaved in one process. Target: at most 2x "
             "plain JAX on repeated calls (each compiles once)."),
     "testing": ("A multi-client test with jdtensor.testing",
-                "`python benchmarks/bench_testing.py`: a 4 x 2 test body doing "
+                "`python -m benchmarks.bench_testing`: a 4 x 2 test body doing "
                 "one psum through `run_in_multi_client` (what `@multi_client` "
                 "runs) vs the same body as a hand-written client script under "
                 "the launcher, interleaved. Target: at most 1.2x."),
     "verdicts": ("Heartbeat verdicts in the shapes users run",
-                 "`python benchmarks/bench_verdicts.py`: 4 clients, period 0.5 s, "
+                 "`python -m benchmarks.bench_verdicts`: 4 clients, period 0.5 s, "
                  "1 and 2 devices per client, results kept or read as temporaries "
                  "(the waiting rows); seconds from the misbehaviour to the end."),
     "hang": ("Hang triage: the learnt stall time-out, and the pauses never named",
-             "`python benchmarks/bench_hang_triage.py --baseline`: the heartbeat's "
+             "`python -m benchmarks.bench_hang_triage --baseline`: the heartbeat's "
              "defaults (period 2 s, floor 60 s, JDTENSOR_STALL_TIMEOUT 300 s), "
              "1 CPU device per client, a loop of 1 s steps (an idle data load, "
              "then a psum or a coordination-service barrier); client 1 "
@@ -100,6 +99,23 @@ SECTIONS = {  # key -> (title, intro)
     "faults": ("Fault and bad-input suite",
                "Each case runs in fresh processes with a hard deadline and "
                "asserts a clear error, a bounded time and no leftover process."),
+}
+
+
+# The benchmarks run_all does not run, each with the reason; their sections in
+# RESULTS.md are written from their own output and kept as they are.
+STANDALONE = {
+    "bench_timeline": "a diagnosis of the start-up's critical path, not a figure "
+                      "with a target",
+    "bench_idle": "a diagnosis of where a 32-client cold start idles",
+    "bench_meeting_watch": "a check that the service-wait watch costs nothing, "
+                           "made once when it was written",
+    "bench_pod_scale": "hundreds to thousands of clients: sized to the machine "
+                       "by hand (--clients, --processes)",
+    "bench_hub_beat": "client 0's beat at thousands of clients, sized by hand",
+    "bench_recovery": "restarts with a 5 s compile each, and orbax where "
+                      "installed (about 10 min)",
+    "gpu_check": "needs a GPU machine (the device tool's one prepared script)",
 }
 
 
@@ -153,7 +169,7 @@ def main(argv=None) -> int:
   sections = [
       "# jdtensor benchmark results",
       "",
-      "Generated by `python benchmarks/run_all.py`; each section says when and "
+      "Generated by `python -m benchmarks.run_all`; each section says when and "
       "with which command it was last measured.",
       "",
       f"Machine: {machine()}; jax {jax.__version__}; {platform.platform()}.",
@@ -161,10 +177,15 @@ def main(argv=None) -> int:
       "(this machine is shared and noisy): compare the ratios; absolute times "
       "are context only. Medians of interleaved repetitions unless stated.",
   ]
-  for key, (title, intro) in SECTIONS.items():
-    if key in only or title not in old:
-      body = (f"Measured on {today} by `python benchmarks/run_all.py --repeats "
-              f"{args.repeats} --only {key}`.\n\n{intro}\n\n{runners[key]()}")
+  fresh = {title: key for key, (title, _) in SECTIONS.items()
+           if key in only or title not in old}
+  # Every section in the order RESULTS.md has it (a standalone benchmark's
+  # too), the ones never measured before at the end.
+  for title in [*old, *(t for t, _ in SECTIONS.values() if t not in old)]:
+    if title in fresh:
+      key = fresh[title]
+      body = (f"Measured on {today} by `python -m benchmarks.run_all --repeats "
+              f"{args.repeats} --only {key}`.\n\n{SECTIONS[key][1]}\n\n{runners[key]()}")
     else:
       body = old[title]
     sections += ["", f"## {title}", "", body]

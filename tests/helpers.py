@@ -60,8 +60,8 @@ def run_python(code: str, env: dict[str, str] | None = None,
 
 
 # The scenario clients, one per suite (`python <client> SCENARIO`).
-CLIENT = os.path.join(REPO, "tests", "multiprocess", "startup_client.py")
-_CLIENTS = [CLIENT, os.path.join(REPO, "tests", "multiprocess", "heartbeat_client.py"),
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "startup_client.py")
+_CLIENTS = [CLIENT, os.path.join(REPO, "tests", "multiprocess", "clients", "heartbeat_client.py"),
             os.path.join(REPO, "tests", "faults", "fault_client.py")]
 
 

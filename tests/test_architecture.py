@@ -536,3 +536,28 @@ def test_the_links_are_typed_without_exceptions():
   """Link messages are `link_messages`' dataclasses and the watcher a
   `LinkEvents`: nothing in the links needs a type checker silenced."""
   assert "type: ignore" not in (PACKAGE / "runtime" / "links.py").read_text()
+
+
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def test_the_benchmarks_are_a_package_without_path_edits():
+  """Every benchmark runs as ``python -m benchmarks.<name>`` from the
+  checkout's root and imports the checkout as it is: none edits sys.path."""
+  edits = sorted(p.name for p in BENCHMARKS.glob("*.py")
+                 if re.search(r"sys\.path\.(insert|append)|sys\.path *\+?=", p.read_text()))
+  assert not edits, edits
+
+
+def test_every_benchmark_runs_from_run_all_or_says_why_not():
+  from benchmarks import run_all  # pylint: disable=g-import-not-at-top
+  imported = set(_all_imports(ast.parse((BENCHMARKS / "run_all.py").read_text())))
+  imported |= {f"benchmarks.{a.name}" for node in ast.walk(ast.parse(
+      (BENCHMARKS / "run_all.py").read_text())) if isinstance(node, ast.ImportFrom)
+               and node.module == "benchmarks" for a in node.names}
+  names = {p.stem for p in BENCHMARKS.glob("*.py")
+           if p.stem.startswith("bench_") or p.stem == "gpu_check"}
+  missing = sorted(n for n in names
+                   if f"benchmarks.{n}" not in imported and n not in run_all.STANDALONE)
+  assert not missing, f"run {missing} from run_all.py or list them in STANDALONE"
+  assert set(run_all.STANDALONE) <= names, set(run_all.STANDALONE) - names

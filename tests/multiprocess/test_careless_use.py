@@ -19,7 +19,7 @@ from jdtensor.launcher.processes import stop_process_groups
 
 pytestmark = pytest.mark.multiprocess
 
-PREEMPT_CLIENT = os.path.join(REPO, "tests", "multiprocess", "preempt_client.py")
+PREEMPT_CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "preempt_client.py")
 
 
 class LiveLauncher:
@@ -311,7 +311,7 @@ def test_output_handling_is_linear_and_bounded(tmp_path, size_mb, shape):
   assert max_rss_mb < 60, max_rss_mb  # About 22 MB: the launcher never holds the line.
 
 
-INHERITED_CLIENT = os.path.join(REPO, "tests", "multiprocess", "inherited_env_client.py")
+INHERITED_CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "inherited_env_client.py")
 INHERITED = ("StartupError: this process (pid {pid}) inherited client {k}'s DTENSOR_* "
              "variables from process {parent}, which is client {k} of this run already; "
              "a child process (a data-loader worker, a multiprocessing 'spawn' or 'fork' "

@@ -286,7 +286,7 @@ def test_scancel_signal_term_saves_the_same_step_on_every_client(slurm):
   script, out = os.path.join(folder, "preempt.sh"), os.path.join(folder, "preempt.out")
   with open(script, "w", encoding="utf-8") as f:
     f.write(f"#!/bin/bash\nsrun {sys.executable} "
-            f"{os.path.join(REPO, 'tests', 'multiprocess', 'preempt_client.py')}\n")
+            f"{os.path.join(REPO, 'tests', 'multiprocess', 'clients', 'preempt_client.py')}\n")
   env = clean_env(JDTENSOR_CLUSTER_DETECTION="slurm", JDTENSOR_RUN_SECRET=SECRET,
                   SLURM_CONF=slurm, STEPS="100000")
   submitted = subprocess.run(["sbatch", "--parsable", "-n", "3", "-o", out, script],

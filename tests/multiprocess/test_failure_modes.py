@@ -19,7 +19,7 @@ from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 
 pytestmark = pytest.mark.multiprocess
 
-CLIENT = os.path.join(REPO, "tests", "multiprocess", "failure_client.py")
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "failure_client.py")
 FAST = {"JDTENSOR_HEARTBEAT_PERIOD": "0.5"}
 
 

@@ -24,7 +24,7 @@ from tests.helpers import REPO, cluster_env, free_port, launch_clients, pid_aliv
 
 pytestmark = pytest.mark.multiprocess
 
-CLIENT = os.path.join(REPO, "tests", "multiprocess", "failure_client.py")
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "failure_client.py")
 # From the SIGKILL (0.5 s after MISBEHAVING) to every survivor's end.
 NAMED_WITHIN = 2.0
 SLACK = 2.5  # Process exits on a loaded 2-core machine.

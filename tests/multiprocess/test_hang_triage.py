@@ -21,7 +21,7 @@ from tests.helpers import REPO, TEST_TIMEOUTS, clean_env, launch_clients
 
 pytestmark = pytest.mark.multiprocess
 
-CLIENT = os.path.join(REPO, "tests", "multiprocess", "hang_client.py")
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "hang_client.py")
 
 
 def run(n, devices=1, timeout=120, **env):
@@ -89,7 +89,7 @@ def test_a_rare_long_load_below_the_floor_is_left_alone():
 
 # -- every client's stack under the verdict ------------------------------------
 
-FAILURE_CLIENT = os.path.join(REPO, "tests", "multiprocess", "failure_client.py")
+FAILURE_CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "failure_client.py")
 # scenario -> (extra env, what client 1's line says, what clients 0 and 2's say)
 WAITING = r"failure_client\.py:\d+ <module> \((collective|in JAX)\)"
 LEFT = r"its script has ended \(in jdtensor's exit handling\) \(at exit\)"

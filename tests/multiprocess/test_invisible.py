@@ -18,7 +18,7 @@ from tests.helpers import (REPO, LiveClients, cluster_env, free_port,
 
 pytestmark = pytest.mark.multiprocess
 
-USER = os.path.join(REPO, "tests", "multiprocess", "jax_user_client.py")
+USER = os.path.join(REPO, "tests", "multiprocess", "clients", "jax_user_client.py")
 
 
 def launch(mode, n, devices, timeout=120, **env):

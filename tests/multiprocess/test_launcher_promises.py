@@ -20,7 +20,7 @@ from tests.helpers import REPO, clean_env, launch_clients, pid_alive
 
 pytestmark = pytest.mark.multiprocess
 
-FAILURE_CLIENT = os.path.join(REPO, "tests", "multiprocess", "failure_client.py")
+FAILURE_CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "failure_client.py")
 
 
 def jdtensor_launch(*args, timeout=60, **kwargs):
@@ -178,7 +178,7 @@ def test_a_client_that_ignores_sigterm_is_named_as_killed():
       "ignored SIGTERM for 1 s: killed)"), proc.stderr
 
 
-PREEMPT_CLIENT = os.path.join(REPO, "tests", "multiprocess", "preempt_client.py")
+PREEMPT_CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "preempt_client.py")
 
 
 def saved_steps(out):

@@ -35,7 +35,7 @@ from tests.helpers import REPO, TrickleServer, clean_env
 
 pytestmark = pytest.mark.multiprocess
 
-CLIENT = os.path.join(REPO, "tests", "multiprocess", "hang_client.py")
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "hang_client.py")
 DEFAULTS = {"JDTENSOR_HEARTBEAT_PERIOD": "2", "JDTENSOR_STUCK_TIMEOUT": "60",
             "JDTENSOR_COORDINATION_TIMEOUT": "100"}
 PAUSE = "75"  # Longer than the floor (60 s): an idle pause this long is named.

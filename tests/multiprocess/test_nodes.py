@@ -19,7 +19,7 @@ from jdtensor.launcher.processes import stop_process_groups
 
 pytestmark = pytest.mark.multiprocess
 
-CLIENT = os.path.join(REPO, "tests", "multiprocess", "failure_client.py")
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "failure_client.py")
 SECRET = "nodes test secret " + "x" * 16
 
 

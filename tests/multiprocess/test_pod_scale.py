@@ -11,7 +11,7 @@ from tests.helpers import launch_clients
 
 pytestmark = pytest.mark.multiprocess
 
-CLIENT = os.path.join(os.path.dirname(__file__), "many_files_client.py")
+CLIENT = os.path.join(os.path.dirname(__file__), "clients", "many_files_client.py")
 
 
 @pytest.mark.parametrize("bad", [None, 2], ids=["runs", "sigkill-named"])

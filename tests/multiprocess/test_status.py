@@ -15,7 +15,7 @@ from tests.helpers import REPO, TEST_TIMEOUTS, clean_env
 
 pytestmark = pytest.mark.multiprocess
 
-CLIENT = os.path.join(REPO, "tests", "multiprocess", "straggler_client.py")
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "straggler_client.py")
 STRAGGLING = {**TEST_TIMEOUTS, "JDTENSOR_HEARTBEAT_PERIOD": "0.2",
               "JDTENSOR_STRAGGLER_WINDOW": "2", "JDTENSOR_STRAGGLER_THRESHOLD": "30"}
 

@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.fixture(scope="module")
 def examples():
-  return run_pytest(os.path.join(HERE, "multi_client_examples.py"))
+  return run_pytest(os.path.join(HERE, "clients", "multi_client_examples.py"))
 
 
 def test_a_passing_4x2_psum_test(examples):
@@ -104,7 +104,7 @@ def test_the_pytest_process_never_starts_jax(examples):
 
 
 def test_a_module_that_fails_to_import_in_the_clients():
-  code, outcomes, out = run_pytest(os.path.join(HERE, "multi_client_import_error.py"),
+  code, outcomes, out = run_pytest(os.path.join(HERE, "clients", "multi_client_import_error.py"),
                                    timeout=120)
   outcome, _, text = outcomes["test_never_runs"]
   assert code == 1 and outcome == "failure", out
@@ -118,7 +118,7 @@ def test_a_module_that_fails_to_import_in_the_clients():
 
 
 def test_the_timeout_option_and_bad_values():
-  path = os.path.join(HERE, "multi_client_examples.py")
+  path = os.path.join(HERE, "clients", "multi_client_examples.py")
   code, _, out = run_pytest(path, "--jdtensor-timeout=-3", timeout=60)
   assert code == 4, out  # pytest's usage error.
   assert ("--jdtensor-timeout must be a number of seconds > 0, got '-3'") in out

@@ -19,7 +19,7 @@ from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 
 pytestmark = pytest.mark.multiprocess
 
-CLIENT = os.path.join(REPO, "tests", "multiprocess", "waiting_client.py")
+CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "waiting_client.py")
 N = 4
 PERIOD = 0.5
 DEVICES = pytest.mark.parametrize("devices", [1, 2], ids=["1dev", "2dev"])

@@ -18,7 +18,7 @@ from tests.helpers import REPO, TEST_TIMEOUTS, clean_env, pid_alive, run_pytest
 pytestmark = pytest.mark.multiprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.path.join(HERE, "warm_cluster_examples.py")
+EXAMPLES = os.path.join(HERE, "clients", "warm_cluster_examples.py")
 
 
 def clients_of(output):
@@ -205,7 +205,7 @@ def test_ctrl_c_leaves_no_client_behind(tmp_path):
 def test_xdist_workers_keep_their_own_clusters():
   pytest.importorskip("xdist")
   code, outcomes, out = run_pytest(
-      os.path.join(HERE, "multi_client_examples.py"), "-s", "-n", "2",
+      os.path.join(HERE, "clients", "multi_client_examples.py"), "-s", "-n", "2",
       "-k", "psum_4x2 or parameters or returns_each or marker_form", timeout=300)
   assert outcomes and all(o[0] == "passed" for o in outcomes.values()), out
   assert code == 0, out

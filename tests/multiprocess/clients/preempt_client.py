@@ -6,8 +6,8 @@ after each psum; at the agreed step it "saves" for SAVE_SECONDS, prints
 SIGTERM at step 5 (a pod eviction); otherwise the launcher's own stop does.
 """
 import os, sys, time, signal
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
 import jdtensor  # noqa: E402
 jdtensor.initialize_accelerator_system("CPU")
 import jax, numpy as np

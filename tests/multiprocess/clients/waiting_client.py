@@ -33,8 +33,8 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
 
 if (os.environ.get("SCENARIO") == "late_start"
     and os.environ.get("CULPRIT") == os.environ.get("DTENSOR_CLIENT_ID")):

@@ -8,8 +8,8 @@ import resource
 import signal
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
 
 files = int(os.environ.get("FILES", "1100"))
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
