@@ -197,7 +197,7 @@ LAYERS = [
     # `process` (the exit guard) -> `protocol` -> `leaving` (the way out) ->
     # `interfaces` -> the decisions -> the floor.
     ("heartbeat's floor", ["heartbeat.departure", "heartbeat.flight", "heartbeat.progress",
-                           "heartbeat.watchdog", "heartbeat.wire"]),
+                           "heartbeat.watchdog", "heartbeat.wire", "heartbeat.lifecycle"]),
     ("heartbeat's decisions", ["heartbeat.stragglers", "heartbeat.meetings",
                                "heartbeat.verdicts", "heartbeat.wording",
                                "heartbeat.failures"]),

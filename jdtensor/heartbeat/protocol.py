@@ -1,27 +1,22 @@
 """The heartbeat protocol: the beat thread, the verdicts said and the policies.
 
-No JAX and no sockets here: the exchange (the beat and its store), the
-peers (the liveness links), the process's hooks
-(`jdtensor.heartbeat.interfaces`) and the main-thread recorder
-(`jdtensor.heartbeat.flight.Recorder`) are small objects given to
-`Heartbeat`, so tests run several clients as threads with fakes of a few
-lines. `jdtensor.heartbeat` wires it to the liveness links (which carry the
-exchange too) and the process.
+No JAX and no sockets here: the exchange (the beat and its store), the peers
+(the liveness links), the process's hooks (`jdtensor.heartbeat.interfaces`)
+and the main-thread recorder (`jdtensor.heartbeat.flight.Recorder`) are small
+objects given to `Heartbeat`, so tests run several clients as threads with
+fakes of a few lines.
 
-In one beat each client sends a row (`jdtensor.heartbeat.wire.Row`):
-DTensor's token, a stop request, and what its main thread is doing
-(`jdtensor.heartbeat.flight`: phase, seconds in it, how busy the process
-was). Where the rows meet, a `Decider` turns them into one outcome, which
-every client receives, so every client reaches the same verdict at the same
-beat (`jdtensor.heartbeat.verdicts` decides, `jdtensor.heartbeat.failures`
-says whom this client blames and how it leaves, `jdtensor.heartbeat.wording`
-words them; the list of verdicts is in `jdtensor.heartbeat.verdicts`). A `Watchdog`
-thread times the beats. What stays here is the threads and the policy.
+In one beat each client sends a row (`jdtensor.heartbeat.wire.Row`): DTensor's
+token, a stop request, and what its main thread is doing. Where the rows
+meet, a `Decider` turns them into one outcome, which every client receives,
+so every client reaches the same verdict at the same beat (`verdicts`
+decides and lists them, `failures` says whom this client blames, `wording`
+words it). A `Watchdog` thread times the beats; `lifecycle` holds the phase.
+What stays here is the threads and the policy.
 """
 
 from __future__ import annotations
 
-import enum
 import sys
 import threading
 import time
@@ -35,6 +30,7 @@ from jdtensor.heartbeat import failures, wording
 from jdtensor.heartbeat.failures import Failure
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.leaving import HOST_EXIT_WAIT, ROLL_CALL_GRACE, wait_to_leave
+from jdtensor.heartbeat.lifecycle import Lifecycle, Phase
 from jdtensor.heartbeat.meetings import JoinedQuestion
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, Recorder
 from jdtensor.heartbeat.stragglers import WaitLedger
@@ -47,19 +43,13 @@ from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
 from jdtensor._report import Reason
 from jdtensor.errors import PeerFailureError
 
-__all__ = ["Heartbeat", "Exiting", "BeatLayout", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
+__all__ = ["Heartbeat", "Phase", "BeatLayout", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
            "ROLL_CALL_GRACE", "HOST_EXIT_WAIT", "IDLE_PERCENT", "exit_grace_for"]
 
 POLICIES = HEARTBEAT_POLICIES
 # Seconds the first exchange may take beyond the stuck time-out: every client
 # must have started its heartbeat (after its backend's start).
 FIRST_EXCHANGE_ALLOWANCE = 30.0
-
-
-class Exiting(enum.Enum):
-  """How this client's script is leaving, once it is."""
-  FINISHED = "finished"  # Ended normally: beats at exit until the agreed end.
-  FAILED = "failed"  # Leaving with a failure: reacts to nothing any more.
 
 
 def exit_grace_for(period: float) -> float:
@@ -136,31 +126,25 @@ class Heartbeat:
     # not after up to a period).
     self._wake = threading.Event()
     self.event = _WakingEvent(self._wake)  # Set by users to stop every client.
-    self.stopped = threading.Event()  # Set once the beat thread has ended.
+    # The phase, the failure, and when the heartbeat stopped and a verdict
+    # under "terminate" was said (`lifecycle`: one lock, its moves a table).
+    self.life = Lifecycle()
+    self.stopped, self.said = self.life.stopped, self.life.said
     self.ready = threading.Event()  # Set once the first exchange is done.
-    # Whether this client's failure ends it under "terminate" (`_fail`), and
-    # set once that verdict's line is out: whoever leaves first must not end
-    # the process before it is (see `jdtensor.heartbeat.leaving.WayOut`).
-    self.terminating = False
-    self.said = threading.Event()
     self.token = 0
     # The last beat after the first exchange whose outcome this client took
     # (the agreed end's beat is the same on every client).
     self.beats = 0
     self._exchanged = 0  # Beats after the first this client has exchanged.
     self.beat_seconds = 0.0  # Total wall time spent inside beats.
-    self.failure: PeerFailureError | None = None
     # Seconds to wait for the failure's culprits to end before leaving
     # (`leaving.wait_to_leave`): the failure's, where no jdtensor launcher
     # names the root cause.
     self.culprit_grace = 0.0
-    self.closed_cleanly: bool | None = None  # Result of the teardown.
-    self.exiting: Exiting | None = None  # None: the script still runs.
     self.departed: dict[int, float] = {}  # Clients that ended normally.
     self.leaving: set[int] = set()  # Clients that announced they are leaving.
     # The last row's phase, seconds, busy percent and bytes moved a second.
     self.own_state: tuple[int, int, int, int] | None = None
-    self._fail_lock = threading.Lock()
     self.watchdog = Watchdog(self._process.clock, self.stuck_timeout, self.stopped,
                              on_overdue=lambda: self._fail_missed(
                                  self._exchanged + 1, self.stuck_timeout, ""),
@@ -169,9 +153,23 @@ class Heartbeat:
     self._threads: list[threading.Thread] = []
 
   @property
+  def failure(self) -> PeerFailureError | None:
+    """The first verdict, if any."""
+    return self.life.failure
+
+  @property
+  def terminating(self) -> bool:
+    """Whether a verdict under "terminate" is ending this process."""
+    return self.life.phase is Phase.TERMINATING
+
+  @property
+  def closed_cleanly(self) -> bool | None:
+    return self.life.closed_cleanly  # The teardown's result (None: none ran).
+
+  @property
   def script_ended(self) -> bool:
     """Whether this client's script is leaving (finished, or with a failure)."""
-    return self.exiting is not None
+    return self.life.phase in (Phase.FINISHING, Phase.ABANDONED)
 
   @property
   def waits(self) -> WaitLedger:
@@ -261,10 +259,11 @@ class Heartbeat:
       if self.failure is None:
         self._loop()
       if self.failure is None:
-        self.closed_cleanly = self._exchange.close(self._store.close_timeout)
+        self.life.closed_cleanly = self._exchange.close(self._store.close_timeout)
     except BaseException as e:  # pylint: disable=broad-except
       self._own_failure(e)
     finally:
+      self.life.move("end")
       self.stopped.set()
       self.watchdog.wake()
 
@@ -283,7 +282,7 @@ class Heartbeat:
       # client sends at exit, and waiting a period here would hold this
       # client's exit up to a period after the last client finished. No spin:
       # the exchange itself waits for the others' next beats.
-      wait = 0.0 if self.exiting is Exiting.FINISHED else next_beat - time.monotonic()
+      wait = 0.0 if self.life.phase is Phase.FINISHING else next_beat - time.monotonic()
       if self._wake.wait(max(0.0, wait)):
         self._wake.clear()
       next_beat = max(next_beat + self.period, time.monotonic() + self.period / 2)
@@ -433,27 +432,31 @@ class Heartbeat:
   # -- failure ------------------------------------------------------------------
 
   def _fail(self, failure: Failure) -> None:
-    """Records `failure` (`jdtensor.heartbeat.failures` says what it is) and
-    applies the policy.
+    """Records `failure` (`jdtensor.heartbeat.failures` says what it is),
+    then applies the policy; a failure that is not the first is ignored."""
+    recorded = self._record(failure)
+    if recorded is not None:
+      self._apply_policy(failure, *recorded)
 
-    A failure that names other clients is told to every client (and to the
-    launcher), unless every client was told already (`Failure.told`); one
-    that names this client is told as `Failure.public`, if given.
-    """
-    with self._fail_lock:
-      if self.failure is not None or self.exiting is Exiting.FAILED:
-        return
-      reason, exit_code = failure.reason, failure.exit_code
-      message = (f"{reason.heartbeat_line()}; "
-                 f"{wording.consequence(self.exiting is Exiting.FINISHED, self.policy)}")
-      error = PeerFailureError(message, failure.culprits)
-      self.failure = error
-      # For a way out on another thread too.
+  def _record(self, failure: Failure) -> tuple[PeerFailureError, Phase] | None:
+    """The first verdict becomes this heartbeat's failure, worded for the
+    phase it came in (`lifecycle.Lifecycle.record`)."""
+    def error_for(before: Phase) -> PeerFailureError:
+      # For a way out on another thread too: set before anyone sees the failure.
       self.culprit_grace = min(failure.culprit_wait, self._process.culprit_grace())
-      # Decided with the failure, once: under "terminate" this thread says it
-      # and ends the process, even if the main thread starts leaving (on
-      # the collective error this failure causes) while it reports.
-      self.terminating = self.policy == "terminate" and self.exiting is None
+      return PeerFailureError(
+          f"{failure.reason.heartbeat_line()}; "
+          f"{wording.consequence(before is Phase.FINISHING, self.policy)}",
+          failure.culprits)
+    return self.life.record(error_for, self.policy == "terminate")
+
+  def _apply_policy(self, failure: Failure, error: PeerFailureError, before: Phase
+                    ) -> None:
+    """Tells the others and the launcher (unless `Failure.told`; one that
+    names this client as `Failure.public`), then under "terminate" (decided
+    with the failure, once) says it and ends the process, even if the main
+    thread starts leaving meanwhile; else logs it and stops beating."""
+    reason = failure.reason
     culprits = [c for c in error.client_ids if c != self.client_id]
     # Under "terminate" this client leaves at once: the launcher waits for it
     # to end by itself rather than stopping it.
@@ -469,7 +472,7 @@ class Heartbeat:
     if self.terminating:
       # One plain line, certain to be seen, then exit without JAX's shutdown
       # barrier (it would wait for the failed client).
-      sys.stderr.write(message + "\n")
+      sys.stderr.write(str(error) + "\n")
       sys.stderr.flush()
       self._show_stacks()
       self.said.set()
@@ -480,11 +483,11 @@ class Heartbeat:
       wait_to_leave(self._peers, self.client_id, [] if failure.own else culprits,
                     self.culprit_grace,
                     spare=[c for c in error.client_ids if c not in self.leaving])
-      self._process.terminate(exit_code)
+      self._process.terminate(failure.exit_code)
       return
-    logging.error("%s", message)
+    logging.error("%s", error)
     self._show_stacks()
-    if self.policy == "raise" and self.exiting is None:
+    if self.policy == "raise" and before in (Phase.RUNNING, Phase.ENDED):
       self._process.on_failure(error)
     self.stopped.set()
     self.watchdog.wake()
@@ -536,7 +539,8 @@ class Heartbeat:
     if not failure:
       self.departed[client] = self._process.clock()
       return
-    self._fail(failures.peer_left(client, why, raised, still_running=self.exiting is None))
+    self._fail(failures.peer_left(client, why, raised,
+                                  still_running=self.life.phase is not Phase.FINISHING))
 
   def peer_notice(self, client: int, text: str) -> None:
     """Logs what another client said that is not a verdict."""
@@ -565,7 +569,7 @@ class Heartbeat:
   def finish(self) -> None:
     """This client's script has ended normally: beat "at exit" until every
     client has (the agreed end), and only log what happens to the others."""
-    self.exiting = Exiting.FINISHED
+    self.life.move("finish")
     self.recorder.at_exit = True
     if self._exchange is None:
       self.event.set()
@@ -575,13 +579,10 @@ class Heartbeat:
     """This client is leaving with a failure: react to nothing any more.
 
     Returns:
-      The failure recorded before, if any. Decided under the failure's lock:
-      a verdict is either recorded before this (and, under "terminate", its
-      thread says it and ends the process) or not acted on at all.
+      The failure recorded before, if any; a verdict after it is not acted
+      on (`lifecycle.Lifecycle.abandon`).
     """
-    with self._fail_lock:
-      self.exiting = Exiting.FAILED
-      failure = self.failure
+    failure = self.life.abandon()
     self.stopped.set()
     self.watchdog.wake()
     return failure

@@ -16,16 +16,69 @@ import queue
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import IO, Any
 
 from jdtensor._deadline import Deadline
 from jdtensor._wire import Frames, encode, handshake_proof, socket_host, split_host_port
 from jdtensor.launcher.spec import LaunchSpec
 
-__all__ = ["Channel", "NodeError", "serve", "join"]
+__all__ = ["Channel", "NodeError", "FailureNote", "serve", "join"]
 
 _PROTOCOL = 1
 _STAGE_SECONDS = 10.0  # For each handshake step of a peer that has connected.
+
+
+@dataclass(frozen=True)
+class FailureNote:
+  """A failure one node's launcher tells the others of (node 0 relays it):
+  the root cause among its clients, its launcher interrupted or timed out,
+  or a node whose launcher is gone.
+
+  Attributes:
+    node: The node it happened on.
+    client: The client that failed (a global id), or None (a launcher's own).
+    what: What happened, as the summary says it.
+    own: Whether it failed by itself (a root cause), not as a consequence.
+    at: When (``time.time()``).
+    lost: The node's launcher is gone (its connection closed).
+  """
+  node: int
+  client: int | None
+  what: str
+  own: bool
+  at: float | None
+  lost: bool = False
+
+  @classmethod
+  def gone(cls, node: int) -> FailureNote:
+    """The note of a node whose launcher's connection closed."""
+    return cls(node, None, f"node {node}'s launcher is gone", True, time.time(), lost=True)
+
+  def text(self, me: int) -> str:
+    """What happened, as node `me` says it (naming another node)."""
+    return self.what if self.node == me else f"{self.what} (on node {self.node})"
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"node": self.node, "client": self.client, "what": self.what,
+            "own": self.own, "at": self.at, "lost": self.lost}
+
+  @classmethod
+  def from_frame(cls, frame: dict[str, Any]) -> FailureNote:
+    """The note `to_frame` sent.
+
+    Raises:
+      KeyError, TypeError, ValueError: A malformed frame.
+    """
+    client, at = frame.get("client"), frame.get("at")
+    return cls(int(frame["node"]), None if client is None else int(client),
+               str(frame["what"]), bool(frame.get("own")),
+               None if at is None else float(at), bool(frame.get("lost")))
+
+
+def read_note(frame: Any) -> FailureNote | None:
+  """The `FailureNote` in a frame's field (None and '' for none)."""
+  return FailureNote.from_frame(frame) if frame else None
 
 
 class NodeError(Exception):

@@ -26,21 +26,21 @@ One node with ``--max-restarts`` runs the same attempts without the network.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from jdtensor import _env, _report
 from jdtensor._deadline import Deadline
 from jdtensor._wire import format_host_port, handshake_proof, split_host_port
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, ConfigError
 from jdtensor.launcher import compile_cache, supervisor
-from jdtensor.launcher.channels import NodeError, join, serve
+from jdtensor.launcher.channels import Channel, FailureNote, NodeError, join, read_note, serve
 from jdtensor.launcher.output import say
-from jdtensor.launcher.channels import Channel
 from jdtensor.launcher.spec import (Attempt, NodeFailure, HeldPorts, LaunchResult,
                                     LaunchSpec)
 
@@ -84,15 +84,8 @@ def _ports(spec: LaunchSpec, host: str
 
 # -- attempts ---------------------------------------------------------------------
 
-def _failure_frame(node: int, failure: NodeFailure) -> dict[str, Any]:
-  return {"node": node, "client": failure.client, "what": failure.what,
-          "own": failure.own, "at": failure.at}
-
-
-def _gone(node: int) -> dict[str, Any]:
-  """The failure frame of a node whose launcher's connection closed."""
-  return {"node": node, "client": None, "own": True, "at": time.time(),
-          "what": f"node {node}'s launcher is gone"}
+def _note(node: int, failure: NodeFailure) -> FailureNote:
+  return FailureNote(node, failure.client, failure.what, failure.own, failure.at)
 
 
 def _drain(inbox: queue.Queue) -> Iterator[tuple[int, dict[str, Any] | None]]:
@@ -104,16 +97,10 @@ def _drain(inbox: queue.Queue) -> Iterator[tuple[int, dict[str, Any] | None]]:
       return
 
 
-def _root_text(frame: dict[str, Any], me: int) -> str:
-  where = "" if frame["node"] == me else f" (on node {frame['node']})"
-  return f"{frame['what']}{where}"
-
-
-def _earliest(failures: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _earliest(failures: list[FailureNote]) -> FailureNote | None:
   """The root cause among the nodes' reports: a client that failed by
   itself, earliest first; else the first report."""
-  own = sorted((f for f in failures if f.get("own")),
-               key=lambda f: (f.get("at") or 0.0, f["node"]))
+  own = sorted((f for f in failures if f.own), key=lambda f: (f.at or 0.0, f.node))
   return own[0] if own else (failures[0] if failures else None)
 
 
@@ -122,6 +109,30 @@ def _summary(me: int, root: str, result: LaunchResult, grace: float) -> str:
   stop did (the same "stopped" as one node's launcher)."""
   return _report.summary(root, result.stopped, node=me, killed=result.killed,
                          grace=grace)
+
+
+_Watchers = tuple[Callable[[], "str | None"] | None, Callable[[NodeFailure], None] | None]
+
+
+class _NodeRole(Protocol):
+  """One node's part in the attempts: `_OneNode` (one node, restarts),
+  `_Node0` (decides for the group) or `_NodeR` (does what node 0 decides)."""
+
+  def begin(self, attempt: int) -> Attempt:
+    """Sets attempt `attempt` up (the group's ports, its ``go``)."""
+
+  def watchers(self) -> _Watchers:
+    """What the supervisor polls (another node's stop) and tells (this
+    node's failure), or None each."""
+
+  def decide(self, result: LaunchResult, signals: supervisor.Signals) -> _Decision:
+    """After an attempt: over or started again, with the group's root cause."""
+
+  def on_error(self, error: NodeError) -> None:
+    """The group cannot go on (`error`)."""
+
+  def close(self) -> None:
+    """Ends this node's part (its connections)."""
 
 
 class _Node0:
@@ -137,7 +148,7 @@ class _Node0:
     for rank, chan in chans.items():
       chan.listen(rank, self.inbox)
     self.lost: set[int] = set()
-    self.failures: list[dict[str, Any]] = []  # This attempt's, from any node.
+    self.failures: list[FailureNote] = []  # This attempt's, from any node.
     self.done: dict[int, Any] = {}  # This attempt's "done" reports, by node.
 
   def broadcast(self, frame: dict[str, Any], but: int | None = None) -> None:
@@ -200,29 +211,29 @@ class _Node0:
     self.failures, self.done = [], {}
     return _attempt_for(spec, go)
 
-  def _note(self, rank: int, frame: dict[str, Any]) -> None:
+  def _heard(self, rank: int, frame: dict[str, Any]) -> None:
     if "failed" in frame:
-      self.failures.append(frame["failed"])
+      self.failures.append(FailureNote.from_frame(frame["failed"]))
       self.broadcast({"stop": frame["failed"]}, but=rank)
     elif "done" in frame:
       self.done[rank] = frame["done"]
 
   def _on_failure(self, failure: NodeFailure) -> None:
-    frame = _failure_frame(0, failure)
-    self.failures.append(frame)
-    self.broadcast({"stop": frame})
+    note = _note(0, failure)
+    self.failures.append(note)
+    self.broadcast({"stop": note.to_frame()})
 
-  def watchers(self) -> tuple[Any, Any]:
+  def watchers(self) -> _Watchers:
     def stop_request() -> str | None:
       for rank, frame in _drain(self.inbox):
         if frame is None:
           self.lost.add(rank)
-          self.failures.append(_gone(rank))
-          self.broadcast({"stop": self.failures[-1]})
+          self.failures.append(FailureNote.gone(rank))
+          self.broadcast({"stop": self.failures[-1].to_frame()})
         else:
-          self._note(rank, frame)
-      if self.failures:
-        return f"stopped because of {_root_text(_earliest(self.failures), 0)}"
+          self._heard(rank, frame)
+      root = _earliest(self.failures)
+      return None if root is None else f"stopped because of {root.text(0)}"
       return None
     return stop_request, self._on_failure
 
@@ -231,34 +242,37 @@ class _Node0:
     if signals.interrupt.signal is not None and not failures:
       self._on_failure(NodeFailure(None, "node 0's launcher was interrupted", True,
                                time.time()))
-    self.gather("done", Deadline(spec.grace + _ROUND_SECONDS), on_other=self._note,
+    self.gather("done", Deadline(spec.grace + _ROUND_SECONDS), on_other=self._heard,
                 got=done)
     for report in done.values():
-      if report.get("failure"):
-        failures.append(report["failure"])
+      note = read_note(report.get("failure"))
+      if note is not None:
+        failures.append(note)
     interrupted = signals.interrupt.signal is not None or any(
         report.get("interrupted") for report in done.values())
     if result.exit_code == 0 and not failures and all(
         report.get("ok") for report in done.values()):
       self.broadcast({"finish": {"exit_code": 0, "root": ""}})
-      return _Decision(True)
+      return _Decision(True, result)
     root = _earliest(failures)
-    root_text = _root_text(root, 0) if root else result.reason
+    root_text = root.text(0) if root else result.reason
     exit_code = next((r.get("exit_code") for r in [*done.values()]
-                      if root and r.get("failure") == root), None)
+                      if root and read_note(r.get("failure")) == root), None)
     if exit_code is None:
       exit_code = result.exit_code or 1
     timed_out = exit_code == LAUNCH_TIMEOUT_EXIT_CODE  # Never restarted.
     if interrupted or self.lost or timed_out or attempt >= spec.max_restarts:
-      self.broadcast({"finish": {"exit_code": exit_code, "root": root}})
-      result.reason = _summary(0, root_text, result, spec.grace)
-      result.exit_code = exit_code
-      result.first_failure = root.get("client") if root else None
-      return _Decision(True, result.reason)
-    self.broadcast({"next": {"attempt": attempt + 1, "root": root}})
-    _blame(result, root)
-    return _Decision(False, f"jdtensor launch (node 0): restarting the group "
-                            f"({attempt + 1} of {spec.max_restarts}) after: {root_text}")
+      self.broadcast({"finish": {"exit_code": exit_code,
+                                 "root": root.to_frame() if root else None}})
+      result = dataclasses.replace(
+          result, reason=_summary(0, root_text, result, spec.grace), exit_code=exit_code,
+          first_failure=root.client if root else None)
+      return _Decision(True, result, result.reason)
+    self.broadcast({"next": {"attempt": attempt + 1,
+                             "root": root.to_frame() if root else None}})
+    return _Decision(False, _blame(result, root),
+                     f"jdtensor launch (node 0): restarting the group "
+                     f"({attempt + 1} of {spec.max_restarts}) after: {root_text}")
 
   def on_error(self, error: NodeError) -> None:
     """The group cannot go on: every node is told why."""
@@ -280,8 +294,8 @@ class _NodeR:
     self.me = spec.node_rank
     self.inbox: queue.Queue = queue.Queue()
     chan.listen(0, self.inbox)
-    self.stopped_by: list[dict[str, Any]] = []  # This attempt's, from node 0.
-    self.mine: list[dict[str, Any]] = []  # This attempt's own failures.
+    self.stopped_by: list[FailureNote] = []  # This attempt's, from node 0.
+    self.mine: list[FailureNote] = []  # This attempt's own failures.
 
   def expect(self, kinds: tuple[str, ...], deadline: Deadline) -> dict[str, Any]:
     while True:
@@ -319,18 +333,18 @@ class _NodeR:
     return _attempt_for(self.spec, frame["go"])
 
   def _on_failure(self, failure: NodeFailure) -> None:
-    self.mine.append(_failure_frame(self.me, failure))
-    self.chan.send({"failed": self.mine[-1]})
+    self.mine.append(_note(self.me, failure))
+    self.chan.send({"failed": self.mine[-1].to_frame()})
 
-  def watchers(self) -> tuple[Any, Any]:
+  def watchers(self) -> _Watchers:
     def stop_request() -> str | None:
       for _, got in _drain(self.inbox):
         if got is None:
-          self.stopped_by.append(_gone(0))
+          self.stopped_by.append(FailureNote.gone(0))
         elif "stop" in got:
-          self.stopped_by.append(got["stop"])
+          self.stopped_by.append(FailureNote.from_frame(got["stop"]))
       if self.stopped_by:
-        return f"stopped because of {_root_text(self.stopped_by[0], self.me)}"
+        return f"stopped because of {self.stopped_by[0].text(self.me)}"
       return None
     return stop_request, self._on_failure
 
@@ -339,28 +353,29 @@ class _NodeR:
     if signals.interrupt.signal is not None and not self.mine:
       self._on_failure(NodeFailure(None, f"node {me}'s launcher was interrupted", True,
                                time.time()))
-    if self.stopped_by and self.stopped_by[0]["what"] == _gone(0)["what"]:
+    if self.stopped_by and self.stopped_by[0].lost and self.stopped_by[0].node == 0:
       raise NodeError("node 0's launcher is gone (connection closed).")
     self.chan.send({"done": {
         "ok": result.exit_code == 0, "exit_code": result.exit_code,
-        "failure": self.mine[0] if self.mine else None,
+        "failure": self.mine[0].to_frame() if self.mine else None,
         "interrupted": signals.interrupt.signal is not None}})
     decision = self.expect(("next", "finish"), Deadline(spec.grace + _ROUND_SECONDS))
     if "finish" in decision:
       end = decision["finish"]
-      result.exit_code = int(end.get("exit_code", 1))
-      if not result.exit_code:
-        return _Decision(True)
-      root = end.get("root")
-      result.first_failure = root.get("client") if root else None
-      result.reason = _summary(me, _root_text(root, me) if root else
-                               "the run failed", result, spec.grace)
-      return _Decision(True, result.reason)
-    root = decision["next"].get("root")
-    _blame(result, root)
-    return _Decision(False, f"jdtensor launch (node {me}): restarting the group "
-                            f"({decision['next']['attempt']} of {spec.max_restarts}) "
-                            f"after: {_root_text(root, me) if root else 'a failure'}")
+      exit_code = int(end.get("exit_code", 1))
+      if not exit_code:
+        return _Decision(True, dataclasses.replace(result, exit_code=0))
+      root = read_note(end.get("root"))
+      result = dataclasses.replace(
+          result, exit_code=exit_code, first_failure=root.client if root else None,
+          reason=_summary(me, root.text(me) if root else "the run failed", result,
+                          spec.grace))
+      return _Decision(True, result, result.reason)
+    root = read_note(decision["next"].get("root"))
+    return _Decision(False, _blame(result, root),
+                     f"jdtensor launch (node {me}): restarting the group "
+                     f"({decision['next']['attempt']} of {spec.max_restarts}) "
+                     f"after: {root.text(me) if root else 'a failure'}")
 
   def on_error(self, error: NodeError) -> None:
     pass  # Node 0 decides; it hears of this node's end from its connection.
@@ -411,11 +426,13 @@ def _run_nodes(spec: LaunchSpec, out: IO[str], err: IO[str], env: Mapping[str, s
     return LaunchResult(reason=text, exit_code=_EXIT_USAGE)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Decision:
-  """What a node does after an attempt: `line` to print (the summary, or the
-  restart line), and whether the run is over."""
+  """What a node does after an attempt: whether the run is over, the
+  attempt's `result` as the group ends it (the group's root cause, on any
+  node), and `line` to print (the summary, or the restart line)."""
   over: bool
+  result: LaunchResult
   line: str = ""
 
 
@@ -453,7 +470,7 @@ def recovery_line(restarts: list[_Restart]) -> str:
   return "jdtensor launch: time to recovery: " + "; ".join(parts) + hint
 
 
-def _run_attempts(node: Any, spec: LaunchSpec, out: IO[str], err: IO[str],
+def _run_attempts(node: _NodeRole, spec: LaunchSpec, out: IO[str], err: IO[str],
                   env: Mapping[str, str], signals: supervisor.Signals,
                   cache: compile_cache.CompileCache | None = None) -> LaunchResult:
   """The one restart loop: each attempt is set up by `node` (`begin`), run
@@ -465,15 +482,16 @@ def _run_attempts(node: Any, spec: LaunchSpec, out: IO[str], err: IO[str],
     while True:
       plan = node.begin(attempt)
       stop_request, on_failure = node.watchers()
-      result = supervisor.run_attempt(spec, plan, out, err, env, signals, stop_request,
-                                      on_failure, quiet=True)
-      result.restarts = plan.restart_count
+      result = dataclasses.replace(
+          supervisor.run_attempt(spec, plan, out, err, env, signals, stop_request,
+                                 on_failure, quiet=True),
+          restarts=plan.restart_count)
       if restarts:
         restarts[-1].started_at = result.started_at
         restarts[-1].first_step_at = result.first_step_at
       ended = time.time()
       decision = node.decide(result, signals)
-      line = decision.line
+      result, line = decision.result, decision.line
       if not decision.over and result.started_at is not None:
         line += f"; attempt {attempt + 1} ran {ended - result.started_at:.1f} s"
       if decision.over and restarts:  # Before the summary: that stays the last word.
@@ -503,11 +521,12 @@ def _cause(result: LaunchResult) -> str:
   return "a failure" if client is None else f"client {client}'s failure"
 
 
-def _blame(result: LaunchResult, root: dict[str, Any] | None) -> None:
-  """The group's root cause (on any node), and when it failed, in `result`."""
-  if root:
-    result.first_failure = root.get("client")
-    result.failed_at = root.get("at") or result.failed_at
+def _blame(result: LaunchResult, root: FailureNote | None) -> LaunchResult:
+  """`result` with the group's root cause (on any node), and when it failed."""
+  if root is None:
+    return result
+  return dataclasses.replace(result, first_failure=root.client,
+                             failed_at=root.at or result.failed_at)
 
 
 class _OneNode:
@@ -520,7 +539,7 @@ class _OneNode:
     secret = self.spec.secret if attempt == 0 else secrets.token_hex(32)
     return Attempt.local(self.spec, attempt, secret)
 
-  def watchers(self) -> tuple[None, None]:
+  def watchers(self) -> _Watchers:
     return None, None
 
   def decide(self, result: LaunchResult, signals: supervisor.Signals) -> _Decision:
@@ -528,11 +547,11 @@ class _OneNode:
     # A time-out bounds the whole run: it is never restarted.
     if (result.exit_code in (0, LAUNCH_TIMEOUT_EXIT_CODE)
         or signals.interrupt.signal is not None or attempt >= spec.max_restarts):
-      return _Decision(True, result.reason)
+      return _Decision(True, result, result.reason)
     # One line per restart, with the whole summary of the attempt.
     why = result.reason.removeprefix("jdtensor launch: ")
-    return _Decision(False, f"jdtensor launch: restarting ({attempt + 1} of "
-                            f"{spec.max_restarts}) after: {why}")
+    return _Decision(False, result, f"jdtensor launch: restarting ({attempt + 1} of "
+                                    f"{spec.max_restarts}) after: {why}")
 
   def on_error(self, error: NodeError) -> None:
     pass

@@ -156,9 +156,9 @@ class LaunchSpec:
         self, devices_per_client=count)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LaunchResult:
-  """How the clients ended.
+  """How the clients ended (built once, when the run ends).
 
   Attributes:
     returncodes: Each local client's return code (negative: killed by that

@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from jdtensor import _env, _status
 from jdtensor._ids import ids_text
@@ -53,6 +53,22 @@ _REPORT_SECONDS = 0.5
 # verdict (they write it as they name it); one that has not by then cannot
 # answer (stopped, or its interpreter held by C code).
 _VERDICT_STACK_SECONDS = 1.0
+
+
+class _End(NamedTuple):
+  """How an attempt ends, as the watching loop found it.
+
+  Attributes:
+    why: What the summary names (the root cause's text, a signal, a time-out,
+      another node's failure); None when every client exited 0.
+    exit_code: What the launcher exits with.
+    root_cause: The client of this node that failed by itself, if one did.
+    failed_at: When the run failed without a client's failure (a time-out).
+  """
+  why: str | None = None
+  exit_code: int = 0
+  root_cause: NodeFailure | None = None
+  failed_at: float | None = None
 
 
 class _Supervisor:
@@ -252,7 +268,13 @@ class _Supervisor:
     return NodeFailure(cause.client, cause.what, cause.own, cause.at), cause.exit_code
 
   def run(self) -> LaunchResult:
-    result = LaunchResult(client_ids=list(self.ids))
+    """Watches the clients until the attempt ends, then ends it (`_end`)."""
+    return self._end(self._watch())
+
+  def _watch(self) -> _End:
+    """The watching loop: polls the clients, the signals, the nodes and the
+    clock until something ends the attempt, and says what (nothing is
+    stopped here)."""
     timeout_at = self.timeout_at
     if timeout_at is None:
       limit = self.spec.timeout
@@ -262,7 +284,6 @@ class _Supervisor:
       codes = self._poll()
       if self.first_step_at is None:
         self.first_step_at = first_steps(self.report_dir, self.ids)
-      failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
       if self.interrupt.suspend_refused:
         self.interrupt.suspend_refused = False
         self.output.line(
@@ -271,78 +292,78 @@ class _Supervisor:
             "themselves stuck); Ctrl-C stops the run")
       if self.interrupt.signal is not None:
         self._say_stopping(self.interrupt.signal)
-        stopped = self.stop_all()
         name = signal.Signals(self.interrupt.signal).name
-        result.reason = self.summary(f"received {name}", stopped)
-        result.exit_code = 128 + self.interrupt.signal
-        break
-      if failed:
+        return _End(f"received {name}", 128 + self.interrupt.signal)
+      if any(c not in (None, 0) for c in codes):
         codes = self._settle(codes)
         failure, exit_code = self._root_cause(codes)
-        codes = self._collect_verdict_stacks()
+        self._collect_verdict_stacks()
         self.on_failure(failure)
-        # The root cause is on its own way out (client 0 leaves last): the
-        # launcher's stop is not why it ended.
-        stopped = [c for c in self.stop_all() if c != failure.client]
-        codes = self._poll()
-        result.first_failure = failure.client
-        result.own_failure, result.failed_at = failure.own, failure.at
-        also = [f"client {self.ids[c]} {describe_exit(k)}"
-                for c, k in sorted(((i, k) for i, k in enumerate(codes)
-                                    if k not in (None, 0)
-                                    and self.ids[i] != failure.client
-                                    and self.ids[i] not in stopped),
-                                   key=lambda f: self.exit_times.get(f[0], 0.0))]
-        what = failure.what
-        if failure.client in self.logs:
-          log = self.logs.get(failure.client)
-          if log is not None and log.failed is not None:
-            what += (f" (its log, {self.log_path(failure.client)}, could not be "
-                     f"written {log.failed}: see the console)")
-          else:
-            what += f" (its log: {self.log_path(failure.client)})"
-        result.reason = self.summary(what, stopped, also)
-        result.exit_code = exit_code
-        break
+        return _End(failure.what, exit_code, root_cause=failure)
       if all(c == 0 for c in codes):
-        break
+        return _End()
       if self.output.closed:
-        stopped = self.stop_all()
-        result.reason = self.summary(
-            "its output was closed (the reader of its pipe exited)", stopped)
-        result.exit_code = 128 + signal.SIGPIPE
-        break
+        return _End("its output was closed (the reader of its pipe exited)",
+                    128 + signal.SIGPIPE)
       why = self.stop_request()
       if why is not None:
-        stopped = self.stop_all()
-        result.reason = self.summary(why, stopped)
-        result.exit_code = PEER_FAILURE_EXIT_CODE
-        break
+        return _End(why, PEER_FAILURE_EXIT_CODE)
       timeout = timeout_at()
       if timeout is not None and time.monotonic() > timeout[0]:
         self._dump_stacks_before_stopping()
-        stopped = self.stop_all()
-        result.reason = self.summary(f"timed out after {timeout[1]:g} s", stopped)
-        result.exit_code = LAUNCH_TIMEOUT_EXIT_CODE
-        result.failed_at = time.time()
-        self.on_failure(NodeFailure(None, f"timed out after {timeout[1]:g} s",
-                                True, result.failed_at))
-        break
+        what, at = f"timed out after {timeout[1]:g} s", time.time()
+        self.on_failure(NodeFailure(None, what, True, at))
+        return _End(what, LAUNCH_TIMEOUT_EXIT_CODE, failed_at=at)
       time.sleep(_POLL_SECONDS)
+
+  def _end(self, end: _End) -> LaunchResult:
+    """The one way an attempt ends: stops every client still running (not
+    the root cause, on its own way out: client 0 leaves last), words the
+    summary, waits for the clients' output, and builds the result."""
+    reason = ""
+    if end.why is not None:
+      root = end.root_cause
+      stopped = [c for c in self.stop_all() if root is None or c != root.client]
+      reason = self.summary(self._subject(end), stopped,
+                            self._also(root, self._poll(), stopped) if root else ())
     self._stop_escaped_output_holders()
     for t in self.readers:
       t.join(timeout=5)
     self._poll()
-    result.returncodes = [p.poll() for p in self.procs]
-    result.pids = [p.pid for p in self.procs]
-    result.ended_at = [self.exit_wall.get(i) for i in range(len(self.procs))]
-    result.stopped = list(self.stopped)
-    result.killed = list(self.killed)
-    result.started_at = self.started
     if self.first_step_at is None:  # Said just before the clients ended.
       self.first_step_at = first_steps(self.report_dir, self.ids)
-    result.first_step_at = self.first_step_at
-    return result
+    root = end.root_cause
+    return LaunchResult(
+        returncodes=[p.poll() for p in self.procs], pids=[p.pid for p in self.procs],
+        first_failure=None if root is None else root.client, reason=reason,
+        exit_code=end.exit_code,
+        ended_at=[self.exit_wall.get(i) for i in range(len(self.procs))],
+        client_ids=list(self.ids), own_failure=root is not None and root.own,
+        failed_at=root.at if root is not None else end.failed_at,
+        stopped=list(self.stopped), killed=list(self.killed),
+        verdict_stacks=list(self.stack_lines), started_at=self.started,
+        first_step_at=self.first_step_at)
+
+  def _subject(self, end: _End) -> str:
+    """What the summary says ended the attempt; for a client's failure, with
+    where its log is (--log-dir)."""
+    root = end.root_cause
+    if root is None or root.client not in self.logs:
+      return end.why or ""
+    log = self.logs.get(root.client)
+    if log is not None and log.failed is not None:
+      return (f"{end.why} (its log, {self.log_path(root.client)}, could not be "
+              f"written {log.failed}: see the console)")
+    return f"{end.why} (its log: {self.log_path(root.client)})"
+
+  def _also(self, root: NodeFailure, codes: list[int | None],
+            stopped: Sequence[int]) -> list[str]:
+    """The other clients that failed by themselves, in the order they ended."""
+    return [f"client {self.ids[c]} {describe_exit(k)}"
+            for c, k in sorted(((i, k) for i, k in enumerate(codes)
+                                if k not in (None, 0) and self.ids[i] != root.client
+                                and self.ids[i] not in stopped),
+                               key=lambda f: self.exit_times.get(f[0], 0.0))]
 
   def _stop_escaped_output_holders(self) -> None:
     """Every client has ended, but a client's output is still open: a process
@@ -500,7 +521,6 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
     shutil.rmtree(sup.report_dir, ignore_errors=True)
   if result.reason and not quiet:
     sup.output.line(result.reason)
-  result.verdict_stacks = list(sup.stack_lines)
   if not quiet:  # Else the caller writes them under its summary.
     for line in result.verdict_stacks:
       sup.output.line(line)

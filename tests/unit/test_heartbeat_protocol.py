@@ -21,6 +21,13 @@ from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.leaving import WayOut
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.errors import OWN_FAILURE_EXIT_CODE, PEER_FAILURE_EXIT_CODE
+from jdtensor.heartbeat import lifecycle
+
+
+@pytest.fixture(autouse=True)
+def _strict_lifecycle(monkeypatch):
+  """Every heartbeat here runs with illegal moves raised (`lifecycle.STRICT`)."""
+  monkeypatch.setattr(lifecycle, "STRICT", True)
 
 
 class SumExchange:
