@@ -23,7 +23,8 @@ from jdtensor._deadline import Deadline
 from jdtensor._wire import Frames, encode, handshake_proof, socket_host, split_host_port
 from jdtensor.launcher.spec import LaunchSpec
 
-__all__ = ["Channel", "NodeError", "FailureNote", "serve", "join"]
+__all__ = ["Channel", "NodeError", "FailureNote", "NodeDone", "GroupDecision", "serve",
+           "join"]
 
 _PROTOCOL = 1
 _STAGE_SECONDS = 10.0  # For each handshake step of a peer that has connected.
@@ -79,6 +80,70 @@ class FailureNote:
 def read_note(frame: Any) -> FailureNote | None:
   """The `FailureNote` in a frame's field (None and '' for none)."""
   return FailureNote.from_frame(frame) if frame else None
+
+
+def _note_frame(note: FailureNote | None) -> dict[str, Any] | None:
+  return None if note is None else note.to_frame()
+
+
+@dataclass(frozen=True)
+class NodeDone:
+  """A node's end of an attempt, told to node 0 (``done``).
+
+  Attributes:
+    ok: Every client of the node exited 0.
+    exit_code: The node's own exit code for the attempt.
+    failure: The node's own first failure, if any.
+    interrupted: Its launcher was interrupted (a stop signal).
+  """
+  ok: bool
+  exit_code: int
+  failure: FailureNote | None
+  interrupted: bool
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"done": {"ok": self.ok, "exit_code": self.exit_code,
+                     "failure": _note_frame(self.failure),
+                     "interrupted": self.interrupted}}
+
+  @classmethod
+  def from_frame(cls, body: dict[str, Any]) -> NodeDone:
+    """The ``done`` frame's body.
+
+    Raises:
+      KeyError, TypeError, ValueError: A malformed frame.
+    """
+    return cls(bool(body.get("ok")), int(body.get("exit_code", 1)),
+               read_note(body.get("failure")), bool(body.get("interrupted")))
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+  """Node 0's decision after an attempt, for every node: the run is over
+  (``finish``, with the group's exit code) or starts again (``next``, with
+  the next attempt's number); `root` is the group's root cause, if any."""
+  over: bool
+  root: FailureNote | None
+  exit_code: int = 0
+  attempt: int = 0
+
+  def to_frame(self) -> dict[str, Any]:
+    if self.over:
+      return {"finish": {"exit_code": self.exit_code, "root": _note_frame(self.root)}}
+    return {"next": {"attempt": self.attempt, "root": _note_frame(self.root)}}
+
+  @classmethod
+  def from_frame(cls, frame: dict[str, Any]) -> GroupDecision:
+    """The decision in a ``finish`` or ``next`` frame.
+
+    Raises:
+      KeyError, TypeError, ValueError: A malformed frame.
+    """
+    if "finish" in frame:
+      body = frame["finish"]
+      return cls(True, read_note(body.get("root")), exit_code=int(body.get("exit_code", 1)))
+    body = frame["next"]
+    return cls(False, read_note(body.get("root")), attempt=int(body["attempt"]))
 
 
 class NodeError(Exception):

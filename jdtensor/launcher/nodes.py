@@ -39,7 +39,8 @@ from jdtensor._deadline import Deadline
 from jdtensor._wire import format_host_port, handshake_proof, split_host_port
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, ConfigError
 from jdtensor.launcher import compile_cache, supervisor
-from jdtensor.launcher.channels import Channel, FailureNote, NodeError, join, read_note, serve
+from jdtensor.launcher.channels import (Channel, FailureNote, GroupDecision, NodeDone,
+                                        NodeError, join, serve)
 from jdtensor.launcher.output import say
 from jdtensor.launcher.spec import (Attempt, NodeFailure, HeldPorts, LaunchResult,
                                     LaunchSpec)
@@ -149,7 +150,7 @@ class _Node0:
       chan.listen(rank, self.inbox)
     self.lost: set[int] = set()
     self.failures: list[FailureNote] = []  # This attempt's, from any node.
-    self.done: dict[int, Any] = {}  # This attempt's "done" reports, by node.
+    self.done: dict[int, NodeDone] = {}  # This attempt's, by node.
 
   def broadcast(self, frame: dict[str, Any], but: int | None = None) -> None:
     for rank, chan in self.chans.items():
@@ -157,9 +158,10 @@ class _Node0:
         chan.send(frame)
 
   def gather(self, kind: str, deadline: Deadline, on_other: Any = None,
-             got: dict[int, Any] | None = None) -> dict[int, Any]:
-    """One `kind` frame from every node (`got`: those already received);
-    raises NodeError for a node lost or silent."""
+             got: dict[int, Any] | None = None,
+             read: Callable[[Any], Any] = lambda body: body) -> dict[int, Any]:
+    """One `kind` frame from every node (`got`: those already received), its
+    body as `read` reads it; raises NodeError for a node lost or silent."""
     got = {} if got is None else got
     while len(got) < len(self.chans):
       gone = sorted(self.lost - set(got))
@@ -175,7 +177,7 @@ class _Node0:
         self.lost.add(rank)
         raise NodeError(f"node {rank}'s launcher is gone (connection closed).")
       if kind in frame:
-        got[rank] = frame[kind]
+        got[rank] = read(frame[kind])
       elif on_other is not None:
         on_other(rank, frame)
     return got
@@ -216,7 +218,7 @@ class _Node0:
       self.failures.append(FailureNote.from_frame(frame["failed"]))
       self.broadcast({"stop": frame["failed"]}, but=rank)
     elif "done" in frame:
-      self.done[rank] = frame["done"]
+      self.done[rank] = NodeDone.from_frame(frame["done"])
 
   def _on_failure(self, failure: NodeFailure) -> None:
     note = _note(0, failure)
@@ -243,33 +245,28 @@ class _Node0:
       self._on_failure(NodeFailure(None, "node 0's launcher was interrupted", True,
                                time.time()))
     self.gather("done", Deadline(spec.grace + _ROUND_SECONDS), on_other=self._heard,
-                got=done)
-    for report in done.values():
-      note = read_note(report.get("failure"))
-      if note is not None:
-        failures.append(note)
+                got=done, read=NodeDone.from_frame)
+    failures += [report.failure for report in done.values() if report.failure]
     interrupted = signals.interrupt.signal is not None or any(
-        report.get("interrupted") for report in done.values())
+        report.interrupted for report in done.values())
     if result.exit_code == 0 and not failures and all(
-        report.get("ok") for report in done.values()):
-      self.broadcast({"finish": {"exit_code": 0, "root": ""}})
+        report.ok for report in done.values()):
+      self.broadcast(GroupDecision(True, None).to_frame())
       return _Decision(True, result)
     root = _earliest(failures)
     root_text = root.text(0) if root else result.reason
-    exit_code = next((r.get("exit_code") for r in [*done.values()]
-                      if root and read_note(r.get("failure")) == root), None)
+    exit_code = next((r.exit_code for r in done.values()
+                      if root and r.failure == root), None)
     if exit_code is None:
       exit_code = result.exit_code or 1
     timed_out = exit_code == LAUNCH_TIMEOUT_EXIT_CODE  # Never restarted.
     if interrupted or self.lost or timed_out or attempt >= spec.max_restarts:
-      self.broadcast({"finish": {"exit_code": exit_code,
-                                 "root": root.to_frame() if root else None}})
+      self.broadcast(GroupDecision(True, root, exit_code=exit_code).to_frame())
       result = dataclasses.replace(
           result, reason=_summary(0, root_text, result, spec.grace), exit_code=exit_code,
           first_failure=root.client if root else None)
       return _Decision(True, result, result.reason)
-    self.broadcast({"next": {"attempt": attempt + 1,
-                             "root": root.to_frame() if root else None}})
+    self.broadcast(GroupDecision(False, root, attempt=attempt + 1).to_frame())
     return _Decision(False, _blame(result, root),
                      f"jdtensor launch (node 0): restarting the group "
                      f"({attempt + 1} of {spec.max_restarts}) after: {root_text}")
@@ -355,26 +352,23 @@ class _NodeR:
                                time.time()))
     if self.stopped_by and self.stopped_by[0].lost and self.stopped_by[0].node == 0:
       raise NodeError("node 0's launcher is gone (connection closed).")
-    self.chan.send({"done": {
-        "ok": result.exit_code == 0, "exit_code": result.exit_code,
-        "failure": self.mine[0].to_frame() if self.mine else None,
-        "interrupted": signals.interrupt.signal is not None}})
-    decision = self.expect(("next", "finish"), Deadline(spec.grace + _ROUND_SECONDS))
-    if "finish" in decision:
-      end = decision["finish"]
-      exit_code = int(end.get("exit_code", 1))
-      if not exit_code:
+    self.chan.send(NodeDone(result.exit_code == 0, result.exit_code,
+                            self.mine[0] if self.mine else None,
+                            signals.interrupt.signal is not None).to_frame())
+    group = GroupDecision.from_frame(
+        self.expect(("next", "finish"), Deadline(spec.grace + _ROUND_SECONDS)))
+    root = group.root
+    if group.over:
+      if not group.exit_code:
         return _Decision(True, dataclasses.replace(result, exit_code=0))
-      root = read_note(end.get("root"))
       result = dataclasses.replace(
-          result, exit_code=exit_code, first_failure=root.client if root else None,
+          result, exit_code=group.exit_code, first_failure=root.client if root else None,
           reason=_summary(me, root.text(me) if root else "the run failed", result,
                           spec.grace))
       return _Decision(True, result, result.reason)
-    root = read_note(decision["next"].get("root"))
     return _Decision(False, _blame(result, root),
                      f"jdtensor launch (node {me}): restarting the group "
-                     f"({decision['next']['attempt']} of {spec.max_restarts}) "
+                     f"({group.attempt} of {spec.max_restarts}) "
                      f"after: {root.text(me) if root else 'a failure'}")
 
   def on_error(self, error: NodeError) -> None:

@@ -40,3 +40,43 @@ def test_a_node_waits_for_the_first_go_as_long_as_node_0_waits_for_the_last_node
     # A restart's go is a round's work: not waited for as long.
     with pytest.raises(nodes.NodeError, match=r"node 0 did not answer within 0.2 s"):
       node.begin(1)
+
+
+_NOTES = [channels.FailureNote(1, 3, "client 3 failed: ZeroDivisionError", True, 12.5),
+          channels.FailureNote(0, None, "node 0's launcher was interrupted", True, None),
+          channels.FailureNote.gone(2)]
+
+
+@pytest.mark.parametrize("note", _NOTES, ids=["client", "launcher", "lost"])
+def test_a_nodes_failure_crosses_the_wire_as_it_was(note):
+  """What one node tells the others (through JSON, as on the connection)."""
+  import json  # pylint: disable=g-import-not-at-top
+  back = channels.FailureNote.from_frame(json.loads(json.dumps(note.to_frame())))
+  assert back == note
+  assert back.lost == (note.what == "node 2's launcher is gone")
+  assert back.text(note.node) == note.what
+  assert back.text(7) == f"{note.what} (on node {note.node})"
+
+
+@pytest.mark.parametrize("message", [
+    channels.NodeDone(True, 0, None, False),
+    channels.NodeDone(False, 1, _NOTES[0], True),
+    channels.GroupDecision(True, None),
+    channels.GroupDecision(True, _NOTES[0], exit_code=1),
+    channels.GroupDecision(False, _NOTES[2], attempt=2)],
+    ids=["done-ok", "done-failed", "finish-ok", "finish-failed", "next"])
+def test_the_nodes_messages_cross_the_wire_as_they_were(message):
+  import json  # pylint: disable=g-import-not-at-top
+  frame = json.loads(json.dumps(message.to_frame()))
+  if isinstance(message, channels.NodeDone):
+    assert channels.NodeDone.from_frame(frame["done"]) == message
+  else:
+    assert set(frame) == {"finish" if message.over else "next"}
+    assert channels.GroupDecision.from_frame(frame) == message
+
+
+@pytest.mark.parametrize("frame", [{"node": "x", "what": "?"}, {"what": "no node"},
+                                   {"node": 0}, {"node": 0, "what": "w", "at": "never"}])
+def test_a_malformed_failure_note_is_refused(frame):
+  with pytest.raises((KeyError, TypeError, ValueError)):
+    channels.FailureNote.from_frame(frame)
