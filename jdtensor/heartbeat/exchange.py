@@ -22,6 +22,7 @@ A beat costs a client O(1) bytes and client 0 O(N), whatever N is.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -32,9 +33,10 @@ import numpy as np
 from jdtensor.heartbeat.flight import AT_EXIT
 from jdtensor.heartbeat.interfaces import Exchange
 from jdtensor.heartbeat.meetings import ServiceWaitWatch
-from jdtensor.heartbeat.verdicts import STALLED, Decider, to_ranges
-from jdtensor.heartbeat.wire import (PHASE_BITS, PLAIN_OUTCOME, ROW, ROW_FRAME, Outcome,
-                                     Row, from_ranges, read_row_frame, row_frame)
+from jdtensor.heartbeat.verdicts import STALLED, Decider
+from jdtensor.heartbeat.wire import (PHASE_BITS, PLAIN_OUTCOME, ROW, ROW_FRAME, Answer, Ask,
+                                     Outcome, Present, RollCall, Row, Shared,
+                                     read_exchange, read_row_frame, row_frame)
 
 __all__ = ["LinkExchange", "bounded", "ROW_FRAME", "ack_every_for"]
 
@@ -258,29 +260,24 @@ class LinkExchange(Exchange):
         elif message[:1] == bytes((PLAIN_OUTCOME,)):
           self._outcome(Outcome.from_wire(message, self.num_clients))
         return
-      kind = message["hb"]
-      if kind == "done":
-        self._outcome(Outcome.from_wire(message, self.num_clients))
-      elif kind == "roll" and self.client_id == 0:
-        self._links.send({"hb": "present", "q": message["q"],
-                          "m": to_ranges(self._missing(int(message["b"])))}, to=client)
-      elif kind == "present":
-        missing = set(from_ranges(message["m"], self.num_clients))
-        self._answer(int(message["q"]),
-                     set(range(self.num_clients)) - missing)
-      elif kind == "ask" and self.client_id == 0:
-        decider = self._decider
-        clients = decider.clients(str(message["w"])) if decider is not None else None
-        self._links.send({"hb": "answer", "q": message["q"],
-                          "c": None if clients is None else to_ranges(clients)},
+      said = read_exchange(message, self.num_clients)
+      if isinstance(said, Outcome):
+        self._outcome(said)
+      elif isinstance(said, RollCall) and self.client_id == 0:
+        self._links.send(Present(said.query, tuple(self._missing(said.beat))).to_frame(),
                          to=client)
-      elif kind == "answer":
-        clients = message["c"]
-        self._answer(int(message["q"]), None if clients is None
-                     else from_ranges(clients, self.num_clients))
-      elif kind == "share":
+      elif isinstance(said, Present):
+        self._answer(said.query, set(range(self.num_clients)) - set(said.missing))
+      elif isinstance(said, Ask) and self.client_id == 0:
+        decider = self._decider
+        clients = decider.clients(said.what) if decider is not None else None
+        self._links.send(Answer(said.query, None if clients is None
+                                else tuple(clients)).to_frame(), to=client)
+      elif isinstance(said, Answer):
+        self._answer(said.query, None if said.clients is None else list(said.clients))
+      elif isinstance(said, Shared):
         with self._cond:
-          self._shared[str(message["k"])] = str(message["v"])
+          self._shared[said.key] = said.value
           self._cond.notify_all()
         if self.client_id == 0:
           self._links.send(message, skip=(client,))
@@ -313,26 +310,26 @@ class LinkExchange(Exchange):
         return list(range(self.num_clients))
       return [c for c, have in enumerate(gather.have) if not have]
 
-  def _query(self, message: dict[str, Any], timeout: float) -> Any:
+  def _query(self, question: RollCall | Ask, timeout: float) -> Any:
     """Sends client 0 a question; its answer, or None after `timeout` s."""
     with self._cond:
       self._queries += 1
       query = self._queries
-    self._links.send({**message, "q": query}, to=0)
+    self._links.send(dataclasses.replace(question, query=query).to_frame(), to=0)
     return self._await(self._answers, query, timeout, take=True)
 
   def _ask(self, beat: int, timeout: float) -> set[int] | None:
     """Client 0's answer to "who is in `beat`", or None if none came."""
     if self.client_id == 0:
       return set(range(self.num_clients)) - set(self._missing(beat))
-    return self._query({"hb": "roll", "b": beat}, timeout)
+    return self._query(RollCall(beat), timeout)
 
   def ask(self, what: str, timeout: float) -> list[int] | None:
     """Client 0's decider's `clients(what)` (None: no answer)."""
     if self.client_id == 0:
       decider = self._decider
       return decider.clients(what) if decider is not None else None
-    return self._query({"hb": "ask", "w": what}, timeout)
+    return self._query(Ask(what), timeout)
 
   def _await(self, table: dict[Any, Any], key: Any, timeout: float,
              take: bool = False) -> Any:
@@ -365,11 +362,10 @@ class LinkExchange(Exchange):
 
   def share(self, key: str, value: str) -> None:
     """Publishes `value` under `key` for every client (through client 0)."""
-    message = {"hb": "share", "k": key, "v": value}
     with self._cond:
       self._shared[key] = value
       self._cond.notify_all()
-    self._links.send(message, to=None if self.client_id == 0 else 0)
+    self._links.send(Shared(key, value).to_frame(), to=None if self.client_id == 0 else 0)
 
   def fetch(self, key: str, timeout: float) -> str | None:
     """What some client published under `key`, waiting up to `timeout` s."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
@@ -23,6 +23,8 @@ from jdtensor._ids import to_ranges
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "ROW_FRAME", "ROW",
            "PLAIN_OUTCOME", "PHASE_BITS", "row_frame", "read_row_frame", "from_ranges",
+           "RollCall", "Present", "Ask", "Answer", "Shared", "ExchangeMessage",
+           "read_exchange",
            "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC", "FIRST_TOKENS"]
 
 # The phase slot's bits that hold the phase itself (`jdtensor.heartbeat.flight`).
@@ -322,3 +324,84 @@ def read_row_frame(data: bytes) -> tuple[int, int, int, int, int, int, int]:
   except struct.error:
     raise ValueError(f"a row of {len(data)} bytes") from None
   return beat, token, stop, phase, seconds, busy, moved
+
+
+# -- the exchange's questions and answers (JSON objects with an ``hb`` key) --------
+
+@dataclasses.dataclass(frozen=True)
+class RollCall:
+  """A client asks client 0 who is in `beat` (an overdue beat's roll call)."""
+  beat: int
+  query: int = 0
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"hb": "roll", "b": self.beat, "q": self.query}
+
+
+@dataclasses.dataclass(frozen=True)
+class Present:
+  """Client 0's answer to a `RollCall`: the clients `missing` from the beat."""
+  query: int
+  missing: tuple[int, ...]
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"hb": "present", "q": self.query, "m": to_ranges(self.missing)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+  """A client asks client 0's decider `Decider.clients(what)`."""
+  what: str
+  query: int = 0
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"hb": "ask", "w": self.what, "q": self.query}
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+  """Client 0's answer to an `Ask` (None: its decider has none)."""
+  query: int
+  clients: tuple[int, ...] | None
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"hb": "answer", "q": self.query,
+            "c": None if self.clients is None else to_ranges(self.clients)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shared:
+  """A text published under `key` for every client (a staller's stack)."""
+  key: str
+  value: str
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"hb": "share", "k": self.key, "v": self.value}
+
+
+ExchangeMessage = Union[Outcome, RollCall, Present, Ask, Answer, Shared]
+
+
+def read_exchange(frame: dict[str, Any], n: int) -> ExchangeMessage | None:
+  """The exchange message in `frame` (a JSON object with an ``hb`` key), for
+  `n` clients; None for a kind this version does not know.
+
+  Raises:
+    KeyError, TypeError, ValueError: A malformed message.
+  """
+  kind = frame["hb"]
+  if kind == "done":
+    return Outcome.from_wire(frame, n)
+  if kind == "roll":
+    return RollCall(int(frame["b"]), int(frame["q"]))
+  if kind == "present":
+    return Present(int(frame["q"]), tuple(from_ranges(frame["m"], n)))
+  if kind == "ask":
+    return Ask(str(frame["w"]), int(frame["q"]))
+  if kind == "answer":
+    clients = frame["c"]
+    return Answer(int(frame["q"]), None if clients is None
+                  else tuple(from_ranges(clients, n)))
+  if kind == "share":
+    return Shared(str(frame["k"]), str(frame["v"]))
+  return None
