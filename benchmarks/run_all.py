@@ -4,7 +4,7 @@
 
 (from the checkout's root, as every benchmark: ``python -m benchmarks.<name>``).
 ``--only`` reruns the named sections (startup, startup_cpu, instructions,
-scaling, ring, heartbeat, api, testing, verdicts, hang, faults) and keeps the
+scaling, ring, heartbeat, api, testing, verdicts, hang, trace, faults) and keeps the
 others as they are in RESULTS.md, each with the date it was made; a section
 of a standalone benchmark (`STANDALONE`) is kept as it is.
 
@@ -25,7 +25,7 @@ import sys
 
 from benchmarks import (bench_api, bench_heartbeat, bench_instructions, bench_ring,
                         bench_scaling, bench_startup, bench_startup_cpu,
-                        bench_hang_triage, bench_testing, bench_verdicts)
+                        bench_hang_triage, bench_testing, bench_trace, bench_verdicts)
 from benchmarks._timing import machine
 
 
@@ -96,6 +96,10 @@ SECTIONS = {  # key -> (title, intro)
              "misbehaves 40 s in (or, in the set-up case, right after a "
              "barrier). Seconds from the misbehaviour to the launcher's "
              "return; one run each (the bound is the figure)."),
+    "trace": ("The run's trace: its cost and size",
+              "`python -m benchmarks.bench_trace`: `jdtensor launch --trace` on "
+              "a 1 ms step loop, trace on and off alternating. Target: at most "
+              "2% fewer steps."),
     "faults": ("Fault and bad-input suite",
                "Each case runs in fresh processes with a hard deadline and "
                "asserts a clear error, a bounded time and no leftover process."),
@@ -161,6 +165,7 @@ def main(argv=None) -> int:
       "testing": lambda: bench_testing.main(["--repeats", str(max(args.repeats, 11))]),
       "verdicts": lambda: bench_verdicts.main(["--repeats", str(min(args.repeats, 3))]),
       "hang": lambda: bench_hang_triage.main(["--baseline"]),
+      "trace": lambda: bench_trace.main(["--repeats", str(min(args.repeats, 5))]),
       "faults": fault_suite,
   }
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")

@@ -4,15 +4,19 @@ Commands:
 
 * ``jdtensor launch [-n N] [--devices-per-client M] [--device-type CPU]
   [--port P] [--timeout S] [--grace S] [--max-restarts K [--no-compile-cache]]
-  [--nnodes NN --node-rank R --coordinator HOST:PORT [--node-address HOST]]
-  [--] cmd args...``: run N clients on this node (see `jdtensor.launcher`).
-* ``jdtensor demo [--steps K] [--checkpoint DIR] [--max-restarts K]``: 4
+  [--trace FILE] [--nnodes NN --node-rank R --coordinator HOST:PORT
+  [--node-address HOST]] [--] cmd args...``: run N clients on this node (see
+  `jdtensor.launcher`).
+* ``jdtensor demo [--steps K] [--checkpoint DIR] [--max-restarts K]
+  [--straggler CLIENT] [--trace FILE]``: 4
   clients x 2 simulated CPU devices train a data + model parallel MLP on a
   (batch=4, model=2) distributed mesh.
 * ``jdtensor env [--detect auto|tpu|slurm|k8s|ompi]``: print the DTENSOR_*
   exports derived from a TPU pod, SLURM, Kubernetes or Open MPI environment.
 * ``jdtensor status [--watch [SECONDS]] [--pid PID]``: one row per client of
   each `jdtensor launch` this user runs on this machine (see `jdtensor._status`).
+* ``jdtensor trace DIR [-o FILE]``: one trace of the files the clients wrote
+  into ``JDTENSOR_TRACE_DIR=DIR`` (under an engine; see `jdtensor._trace`).
 """
 
 from __future__ import annotations
@@ -115,6 +119,12 @@ def get_parser() -> argparse.ArgumentParser:
                       help="with --max-restarts: do not share JAX's compilation "
                       "cache between the attempts (a restart then compiles every "
                       "program again; also JDTENSOR_COMPILE_CACHE=false)")
+  launch.add_argument("--trace", default=None, metavar="FILE",
+                      help="write the run's timeline to FILE: every client's phases "
+                      "(set-up, own code, in JAX, in a collective, at exit), the "
+                      "verdicts, stragglers, restarts and each client's CPU and "
+                      "memory, in the trace-event format Perfetto "
+                      "(https://ui.perfetto.dev) and chrome://tracing open")
   launch.add_argument("--log-dir", default=None, metavar="DIR",
                       help="also write each client's output, as it wrote it, to "
                       "DIR/client-<k>.log (created if needed; appended to, one "
@@ -140,6 +150,12 @@ def get_parser() -> argparse.ArgumentParser:
                     "many times (default 0)")
   demo.add_argument("--step-delay", type=_positive_float, default=None,
                     help=argparse.SUPPRESS)  # Slows the steps (to kill one).
+  demo.add_argument("--straggler", type=_non_negative_int, default=None, metavar="CLIENT",
+                    help="make CLIENT a straggler: its every step first spends 0.2 s "
+                    "in its own code (a slow data loader) while the others wait")
+  demo.add_argument("--trace", default=None, metavar="FILE",
+                    help="write the run's timeline to FILE (as `jdtensor launch "
+                    "--trace`)")
   env = commands.add_parser(
       "env", help="print DTENSOR_* exports derived from a TPU pod/SLURM/k8s/MPI job",
       description="Print `export DTENSOR_...=...` lines for this process, "
@@ -161,7 +177,33 @@ def get_parser() -> argparse.ArgumentParser:
   status.add_argument("--wait", type=_positive_float, default=5.0, metavar="SECONDS",
                       help="how long to wait for the clients' first answer "
                       "(default 5; they answer once a heartbeat period)")
+  trace = commands.add_parser(
+      "trace", help="merge the trace files clients wrote under an engine",
+      description="One trace (Perfetto's format) of the files the clients of a "
+      "run wrote into JDTENSOR_TRACE_DIR=DIR (mpirun, srun, Kubernetes: set it on "
+      "every client; `jdtensor launch --trace FILE` does this by itself).")
+  trace.add_argument("dir", metavar="DIR", help="the clients' JDTENSOR_TRACE_DIR")
+  trace.add_argument("-o", "--out", default=None, metavar="FILE",
+                     help="where to write the trace (default DIR/run.json)")
   return parser
+
+
+def _trace_command(args: argparse.Namespace) -> int:
+  import glob  # pylint: disable=g-import-not-at-top
+  from jdtensor import _trace  # pylint: disable=g-import-not-at-top
+  files = sorted(glob.glob(os.path.join(args.dir, "client-*.json")))
+  if not files:
+    print(f"jdtensor trace: no client trace in {args.dir} (client-<id>-<pid>.json, "
+          "written by clients started with JDTENSOR_TRACE_DIR set)", file=sys.stderr)
+    return 1
+  out = args.out or os.path.join(args.dir, "run.json")
+  try:
+    count = _trace.merge(files, out, {"jdtensor": {"clock": "client 0's"}})
+  except OSError as e:
+    print(f"jdtensor trace: cannot write {out}: {e.strerror}", file=sys.stderr)
+    return 1
+  print(f"jdtensor trace: {out} ({count:,} events from {len(files)} client file(s))")
+  return 0
 
 
 # The demo's client program: internal, so not a listed command.
@@ -173,6 +215,7 @@ def _demo_client_parser() -> argparse.ArgumentParser:
   parser.add_argument("--steps", type=_positive_int, default=30)
   parser.add_argument("--checkpoint", default=None)
   parser.add_argument("--step-delay", type=_positive_float, default=None)
+  parser.add_argument("--straggler", type=_non_negative_int, default=None)
   return parser
 
 
@@ -216,7 +259,7 @@ def _launch(args: argparse.Namespace) -> int:
         nnodes=args.nnodes, node_rank=args.node_rank,
         coordinator=args.coordinator, node_address=args.node_address,
         max_restarts=args.max_restarts, compile_cache=args.compile_cache,
-        **extra).resolved(
+        trace=args.trace, **extra).resolved(
             _env.process_environ(), "--devices-per-client")
   except (ConfigError, ValueError) as e:
     print(f"jdtensor launch: {e}", file=sys.stderr)
@@ -243,14 +286,25 @@ def _demo(args: argparse.Namespace) -> int:
     command += ["--checkpoint", os.path.abspath(args.checkpoint)]
   if args.step_delay:
     command += ["--step-delay", str(args.step_delay)]
+  if args.straggler is not None:
+    if args.straggler >= _DEMO_CLIENTS:
+      print(f"jdtensor demo: --straggler {args.straggler}: the demo's clients are 0 to "
+            f"{_DEMO_CLIENTS - 1}", file=sys.stderr)
+      return 2
+    command += ["--straggler", str(args.straggler)]
   spec = launcher.LaunchSpec(
       command=tuple(command), num_clients=_DEMO_CLIENTS,
       devices_per_client=_DEMO_DEVICES, timeout=args.timeout,
-      max_restarts=args.max_restarts)
+      max_restarts=args.max_restarts, trace=args.trace)
   # The demo's mesh needs its own device count, whatever the shell sets.
   from jdtensor import _env  # pylint: disable=g-import-not-at-top
-  result = launcher.launch(
-      spec, env=_env.without_cpu_device_count(_env.process_environ()))
+  from jdtensor.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  try:
+    result = launcher.launch(
+        spec, env=_env.without_cpu_device_count(_env.process_environ()))
+  except ConfigError as e:  # Refused before any client started.
+    print(f"jdtensor demo: {e}", file=sys.stderr)
+    return 2
   print("OK" if result.exit_code == 0 else "FAILED", flush=True)
   return result.exit_code
 
@@ -317,7 +371,7 @@ def _status_command(args: argparse.Namespace) -> int:
 def _demo_client(args: argparse.Namespace) -> int:
   from jdtensor import demo  # pylint: disable=g-import-not-at-top
   return 0 if demo.report(demo.run_demo_client(
-      args.steps, args.checkpoint, args.step_delay or 0.0)) else 1
+      args.steps, args.checkpoint, args.step_delay or 0.0, args.straggler)) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,4 +381,4 @@ def main(argv: list[str] | None = None) -> int:
     return _demo_client(_demo_client_parser().parse_args(argv[1:]))
   args = get_parser().parse_args(argv)
   return {"launch": _launch, "demo": _demo, "env": _env_command,
-          "status": _status_command}[args.command](args)
+          "status": _status_command, "trace": _trace_command}[args.command](args)

@@ -25,6 +25,8 @@ __all__ = ["DemoResult", "run_demo_client", "train", "report"]
 
 _IN, _HIDDEN, _OUT, _BATCH = 16, 32, 4, 32
 _LEARNING_RATE = 0.1
+# Seconds the straggler's data loader takes each step (`jdtensor demo --straggler`).
+STRAGGLER_SECONDS = 0.2
 _TOLERANCE = 1e-5
 
 
@@ -142,7 +144,8 @@ def _resume_step(checkpoints: _Checkpoints) -> int:
 
 
 def train(mesh, steps: int, checkpoint_dir: str | None = None,
-          step_delay: float = 0.0) -> tuple[list[float], list[float], float, int]:
+          step_delay: float = 0.0, straggler: int | None = None
+          ) -> tuple[list[float], list[float], float, int]:
   """Trains on `mesh` (dims batch, model) and on one local device.
 
   Returns:
@@ -184,6 +187,8 @@ def train(mesh, steps: int, checkpoint_dir: str | None = None,
     step = jax.jit(_train_step(), out_shardings=(shardings, None))
     jax.block_until_ready(step(sharded, xs, ys))
   for number in range(start_step, steps):
+    if straggler == jax.process_index():
+      time.sleep(STRAGGLER_SECONDS)  # A slow data loader: the others wait for it.
     start = time.perf_counter()
     sharded, loss = step(sharded, xs, ys)
     # The loss is replicated on every device; read this client's copy.
@@ -209,13 +214,15 @@ def train(mesh, steps: int, checkpoint_dir: str | None = None,
 
 
 def run_demo_client(steps: int = 30, checkpoint_dir: str | None = None,
-                    step_delay: float = 0.0) -> DemoResult:
+                    step_delay: float = 0.0, straggler: int | None = None) -> DemoResult:
   """One client of `jdtensor demo` (started by the launcher with DTENSOR_*).
 
   Args:
     steps: Training steps in all.
     checkpoint_dir: Where to save (and resume from) checkpoints.
     step_delay: Seconds to sleep after each step (to watch it, or kill it).
+    straggler: The client whose every step first spends `STRAGGLER_SECONDS`
+      in its own code (a slow data loader), or None.
   """
   import jdtensor  # pylint: disable=g-import-not-at-top
   from jdtensor import runtime  # pylint: disable=g-import-not-at-top
@@ -224,7 +231,7 @@ def run_demo_client(steps: int = 30, checkpoint_dir: str | None = None,
   mesh = jdtensor.create_distributed_mesh([("batch", 4), ("model", 2)])
   print(f"pid {os.getpid()}", flush=True)
   losses, reference, step_seconds, start = train(mesh, steps, checkpoint_dir,
-                                                 step_delay)
+                                                 step_delay, straggler)
   jdtensor.barrier(mesh, "demo-end", timeout_in_ms=60_000)
   return DemoResult(mesh.to_string(), losses, reference,
                     runtime.state().init_seconds, step_seconds, start)

@@ -19,6 +19,7 @@ MODULES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if str(p.relative_to(PACKAGE)) != PRIVATE_JAX)
 # The launcher's parent process and the pure layers: not even numpy.
 STDLIB_ONLY = ["launcher", "launcher.gpus", "launcher.spec", "launcher.processes", "launcher.output",
+               "launcher.trace", "_trace",
                "launcher.supervisor", "launcher.channels", "launcher.compile_cache",
                "launcher.nodes", "_report", "_wire", "steps",
                "_status",
@@ -185,7 +186,7 @@ LAYERS = [
                    "_env.runtime_env", "_env.heartbeat_env", "_env", "_logging",
                    "_deadline", "_ids", "_limits", "device_spec", "_device_nodes", "_wire",
                    "_jaxlib_texts", "_monitoring",
-                   "_report", "_status", "cluster", "steps"]),
+                   "_report", "_status", "_trace", "cluster", "steps"]),
     ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),
     ("runtime leaves", ["runtime.link_messages", "runtime.links", "runtime.handshake",
                         "runtime.host",
@@ -211,6 +212,7 @@ LAYERS = [
     ("the launcher's floor", ["launcher.gpus", "launcher.output", "launcher.processes",
                               "launcher.compile_cache"]),
     ("the launch spec", ["launcher.spec"]),
+    ("the run's trace", ["launcher.trace"]),
     ("one node", ["launcher.supervisor", "launcher.channels"]),
     ("several nodes", ["launcher.nodes"]),
     ("the launcher", ["launcher"]),

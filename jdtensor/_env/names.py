@@ -22,7 +22,8 @@ __all__ = ["CUDA_VISIBLE_DEVICES", "DTENSOR_CLIENT_ID", "DTENSOR_ENABLE_HEARTBEA
            "JDTENSOR_SIMULATED_TPU_TOPOLOGY", "JDTENSOR_STALL_KILL_ALL_WAITING",
            "JDTENSOR_STALL_FLOOR", "JDTENSOR_STALL_LEARN",
            "JDTENSOR_STALL_TIMEOUT", "JDTENSOR_STRAGGLER_THRESHOLD",
-           "JDTENSOR_STRAGGLER_WINDOW", "JDTENSOR_STUCK_TIMEOUT", "XDG_RUNTIME_DIR", "XLA_FLAGS",
+           "JDTENSOR_STRAGGLER_WINDOW", "JDTENSOR_STUCK_TIMEOUT", "JDTENSOR_TRACE_DIR",
+           "XDG_RUNTIME_DIR", "XLA_FLAGS",
            "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_SETTINGS"]
 
 
@@ -61,6 +62,9 @@ JDTENSOR_STRAGGLER_WINDOW = "JDTENSOR_STRAGGLER_WINDOW"
 # Set by `jdtensor launch` for its clients: where a client that stops because
 # of another writes whom it blames (the launcher names the root cause).
 JDTENSOR_REPORT_DIR = "JDTENSOR_REPORT_DIR"
+# Where each client writes its trace of the run (`jdtensor._trace`): set by
+# `jdtensor launch --trace FILE`, or by hand under an engine.
+JDTENSOR_TRACE_DIR = "JDTENSOR_TRACE_DIR"
 # The run's shared secret: the start-up handshake authenticates every client
 # with it (`jdtensor launch` makes one per run).
 JDTENSOR_RUN_SECRET = "JDTENSOR_RUN_SECRET"

@@ -17,6 +17,7 @@ from jdtensor._env.names import (CUDA_VISIBLE_DEVICES, JAX_NUM_CPU_DEVICES, JAX_
                                  JDTENSOR_COORDINATOR_BIND_ADDRESS,
                                  JDTENSOR_HEARTBEAT_TIMEOUT, JDTENSOR_INIT_TIMEOUT,
                                  JDTENSOR_REPORT_DIR, JDTENSOR_RESTART_COUNT,
+                                 JDTENSOR_TRACE_DIR,
                                  JDTENSOR_CLIENT_PROCESS,
                                  JDTENSOR_SHUTDOWN_TIMEOUT,
                                  JDTENSOR_SHARE_GPUS,
@@ -202,6 +203,11 @@ def resolve_cpu_device_count(requested: int | None, argument: str,
 def read_report_dir(environ: Mapping[str, str] | None = None) -> str | None:
   """``JDTENSOR_REPORT_DIR`` (set by `jdtensor launch`), or None."""
   return environ_or_default(environ).get(JDTENSOR_REPORT_DIR) or None
+
+
+def read_trace_dir(environ: Mapping[str, str] | None = None) -> str | None:
+  """``JDTENSOR_TRACE_DIR`` (where this client writes its trace), or None."""
+  return environ_or_default(environ).get(JDTENSOR_TRACE_DIR) or None
 
 
 def read_user_runtime_dir(environ: Mapping[str, str] | None = None) -> str | None:

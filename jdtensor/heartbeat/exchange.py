@@ -35,7 +35,7 @@ from jdtensor.heartbeat.interfaces import Exchange
 from jdtensor.heartbeat.meetings import ServiceWaitWatch
 from jdtensor.heartbeat.verdicts import STALLED, Decider
 from jdtensor.heartbeat.wire import (PHASE_BITS, PLAIN_OUTCOME, ROW, ROW_FRAME, Answer, Ask,
-                                     Outcome, Present, RollCall, Row, Shared,
+                                     Clock, Now, Outcome, Present, RollCall, Row, Shared,
                                      read_exchange, read_row_frame, row_frame)
 
 __all__ = ["LinkExchange", "bounded", "ROW_FRAME", "ack_every_for"]
@@ -275,6 +275,10 @@ class LinkExchange(Exchange):
                                 else tuple(clients)).to_frame(), to=client)
       elif isinstance(said, Answer):
         self._answer(said.query, None if said.clients is None else list(said.clients))
+      elif isinstance(said, Clock) and self.client_id == 0:
+        self._links.send(Now(said.query, time.time()).to_frame(), to=client)
+      elif isinstance(said, Now):
+        self._answer(said.query, said.at)
       elif isinstance(said, Shared):
         with self._cond:
           self._shared[said.key] = said.value
@@ -310,7 +314,23 @@ class LinkExchange(Exchange):
         return list(range(self.num_clients))
       return [c for c, have in enumerate(gather.have) if not have]
 
-  def _query(self, question: RollCall | Ask, timeout: float) -> Any:
+  def clock_offset(self, tries: int = 3, timeout: float = 1.0
+                   ) -> tuple[float, float] | None:
+    """Seconds to add to this client's ``time.time()`` for client 0's, and
+    the residual (half the shortest round trip of `tries`); None when client
+    0 does not answer."""
+    if self.client_id == 0:
+      return 0.0, 0.0
+    best: tuple[float, float] | None = None
+    for _ in range(tries):
+      sent = time.time()
+      at = self._query(Clock(), timeout)
+      back = time.time()
+      if at is not None and (best is None or (back - sent) / 2 < best[1]):
+        best = (at - (sent + back) / 2, (back - sent) / 2)
+    return best
+
+  def _query(self, question: RollCall | Ask | Clock, timeout: float) -> Any:
     """Sends client 0 a question; its answer, or None after `timeout` s."""
     with self._cond:
       self._queries += 1

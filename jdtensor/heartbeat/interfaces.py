@@ -92,6 +92,11 @@ class Exchange:
     """The teardown after an agreed stop; whether it succeeded in time."""
     return True
 
+  def clock_offset(self) -> tuple[float, float] | None:
+    """Seconds to add to this client's ``time.time()`` for client 0's, and
+    the measurement's residual; None when unknown."""
+    return 0.0, 0.0
+
 
 class Peers:
   """The other clients as the liveness links reach them (the production one
@@ -183,3 +188,24 @@ class ProcessHooks:
   def clock(self) -> float:
     """Monotonic seconds."""
     return time.monotonic()
+
+  # The trace of the run (`jdtensor._trace`), where one is written: the
+  # heartbeat says what its main thread did, a beat at a time.
+  tracing = False
+
+  def trace_open(self) -> None:
+    """The trace's track opens (at the heartbeat's start, so that a client
+    that ends before its first beat still has one)."""
+
+  def trace_begin(self, offset: float, residual: float) -> None:
+    """The beats begin, on client 0's clock (`offset`, `residual`: s)."""
+
+  def trace_beat(self, phase: int, seconds: float, joined: bool, busy: float) -> None:
+    """One beat's sample: the main thread's phase, seconds in it, whether it
+    has joined a collective yet, and the process's CPU use (percent)."""
+
+  def trace_event(self, name: str, text: str) -> None:
+    """A moment worth seeing (a verdict, a straggler), with its text."""
+
+  def trace_end(self) -> None:
+    """The heartbeat ends (the main thread's last slice ends now)."""

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from jdtensor.errors import PeerFailureError
 
-__all__ = ["Phase", "Lifecycle", "IllegalMove", "EVENTS", "MOVES", "STAYS", "ILLEGAL",
+__all__ = ["Phase", "Lifecycle", "IllegalMove", "WakingEvent", "EVENTS", "MOVES", "STAYS", "ILLEGAL",
            "STRICT"]
 
 
@@ -74,6 +74,19 @@ STAYS = {(phase, event) for phase in Phase for event in EVENTS} - set(MOVES) - I
 
 # Whether an illegal event raises (the tests set it); in a run it is ignored.
 STRICT = False
+
+
+class WakingEvent(threading.Event):
+  """The user's stop event (the agreed stop, `Heartbeat.event`); setting it
+  also wakes the beat thread (`wake`), which then beats at once."""
+
+  def __init__(self, wake: threading.Event):
+    super().__init__()
+    self._wake = wake
+
+  def set(self) -> None:
+    super().set()
+    self._wake.set()
 
 
 class IllegalMove(RuntimeError):

@@ -16,18 +16,20 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from jdtensor import _env, runtime
+from jdtensor import _env, _trace, runtime
 from jdtensor import _logging as logging
 from jdtensor._report import Reason, Report, VerdictStack, mark_finished
 from jdtensor.errors import PeerFailureError
 from jdtensor.heartbeat.departure import ExitGuard, SystemExitWatch, describe_exception
 from jdtensor.heartbeat.failures import CULPRIT_EXIT_GRACE
+from jdtensor.heartbeat.flight import RUNNING
 from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.leaving import LeavingHeartbeat, WayOut
 from jdtensor.heartbeat.progress import ByteMeter
@@ -102,6 +104,64 @@ class ClientProcess(ProcessHooks):
     self.client_id = client_id
     self.report_dir = _env.read_report_dir()  # Under `jdtensor launch` only.
     self._meter = meter
+    self.trace_dir = _env.read_trace_dir()
+    self.tracing = bool(self.trace_dir)
+    self._trace: _trace.PhaseSlices | None = None
+    self._trace_lock = threading.Lock()
+
+  def _trace_meta(self, **clock: float | None) -> dict[str, Any]:
+    return {"client": self.client_id, "host": socket.gethostname(), "pid": os.getpid(),
+            "restart": _env.read_restart_count(), **clock}
+
+  def trace_open(self) -> None:
+    pid = os.getpid()
+    assert self.trace_dir is not None
+    try:
+      out = _trace.TraceFile(
+          os.path.join(self.trace_dir, f"client-{self.client_id}-{pid}.json"), pid,
+          f"client {self.client_id} ({socket.gethostname()}, pid {pid})",
+          sort_index=self.client_id,
+          metadata=self._trace_meta(clock_offset_s=None, clock_residual_s=None))
+    except OSError as e:
+      self.tracing = False
+      sys.stderr.write(f"jdtensor: client {self.client_id} cannot write its trace in "
+                       f"{self.trace_dir} ({e.strerror}); the run goes on without it.\n")
+      return
+    with self._trace_lock:
+      self._trace = _trace.PhaseSlices(out)
+
+  def trace_begin(self, offset: float, residual: float) -> None:
+    with self._trace_lock:
+      if self._trace is not None:
+        self._trace.out.offset = offset
+        self._trace.out.write({"ph": "M", "name": "jdtensor", "pid": os.getpid(), "tid": 1,
+                               "args": self._trace_meta(
+                                   clock_offset_s=offset,
+                                   clock_residual_s=None if residual != residual
+                                   else residual)})
+
+  def trace_beat(self, phase: int, seconds: float, joined: bool, busy: float) -> None:
+    with self._trace_lock:
+      if self._trace is None:
+        return
+      now = time.time()
+      name = (_trace.SET_UP if not joined and phase == RUNNING
+              else _trace.PHASE_SLICE_NAMES.get(phase, "?"))
+      self._trace.sample(now, name, seconds)
+      rss = _rss_mib()
+      self._trace.counters(now, {"cpu %": busy, **({} if rss is None else {"rss MiB": rss})})
+
+  def trace_event(self, name: str, text: str) -> None:
+    with self._trace_lock:
+      if self._trace is not None:
+        self._trace.out.instant(name, time.time(), {"text": text})
+
+  def trace_end(self) -> None:
+    with self._trace_lock:
+      if self._trace is not None:
+        self._trace.end(time.time())
+        self._trace.out.close()
+        self._trace = None
 
   def bytes_moved(self, sockets: bool) -> int | None:
     return None if self._meter is None else self._meter.total(sockets)

@@ -30,7 +30,7 @@ from jdtensor.heartbeat import failures, wording
 from jdtensor.heartbeat.failures import Failure
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.leaving import HOST_EXIT_WAIT, ROLL_CALL_GRACE, wait_to_leave
-from jdtensor.heartbeat.lifecycle import Lifecycle, Phase
+from jdtensor.heartbeat.lifecycle import Lifecycle, Phase, WakingEvent
 from jdtensor.heartbeat.meetings import JoinedQuestion
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, Recorder
 from jdtensor.heartbeat.stragglers import WaitLedger
@@ -39,7 +39,7 @@ from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          IDLE_PERCENT, MOVING_BYTES_PER_SECOND,
                                          OUT_OF_SYNC, STALLED,
                                          BeatLayout, Decider, Outcome, Row, StallTimeout,
-                                         Verdict)
+                                         Verdict, exit_grace_for)
 from jdtensor._report import Reason
 from jdtensor.errors import PeerFailureError
 
@@ -50,23 +50,6 @@ POLICIES = HEARTBEAT_POLICIES
 # Seconds the first exchange may take beyond the stuck time-out: every client
 # must have started its heartbeat (after its backend's start).
 FIRST_EXCHANGE_ALLOWANCE = 30.0
-
-
-def exit_grace_for(period: float) -> float:
-  """Seconds a client at exit and a blocked waiter make a "left early"."""
-  return max(3.0, 2.0 * period)
-
-
-class _WakingEvent(threading.Event):
-  """The user's stop event; setting it also wakes the beat thread."""
-
-  def __init__(self, wake: threading.Event):
-    super().__init__()
-    self._wake = wake
-
-  def set(self) -> None:
-    super().set()
-    self._wake.set()
 
 
 def _first_line(error: BaseException) -> str:
@@ -125,7 +108,7 @@ class Heartbeat:
     # (so that a run whose clients end together agrees on it in one beat,
     # not after up to a period).
     self._wake = threading.Event()
-    self.event = _WakingEvent(self._wake)  # Set by users to stop every client.
+    self.event = WakingEvent(self._wake)  # Set by users to stop every client.
     # The phase, the failure, and when the heartbeat stopped and a verdict
     # under "terminate" was said (`lifecycle`: one lock, its moves a table).
     self.life = Lifecycle()
@@ -249,6 +232,8 @@ class Heartbeat:
 
   def _run(self) -> None:
     """The heartbeat thread: the first exchange, beats, then the teardown."""
+    if self._process.tracing:
+      self._process.trace_open()
     try:
       if self._exchange is None:
         self.ready.set()
@@ -256,6 +241,8 @@ class Heartbeat:
         return
       if not self.ready.is_set() and self.failure is None:
         self.first_exchange()
+      if self._process.tracing and self.failure is None:
+        self._process.trace_begin(*(self._store.clock_offset() or (0.0, float("nan"))))
       if self.failure is None:
         self._loop()
       if self.failure is None:
@@ -263,6 +250,7 @@ class Heartbeat:
     except BaseException as e:  # pylint: disable=broad-except
       self._own_failure(e)
     finally:
+      self._process.trace_end()
       self.life.move("end")
       self.stopped.set()
       self.watchdog.wake()
@@ -308,6 +296,7 @@ class Heartbeat:
                 self._joined.answer(phase, seconds), moved=moved,
                 active=self.recorder.active)
       self.own_state = (int(phase), *row.clamped, row.moved_slot)
+      self._process.trace_beat(int(phase), seconds, row.joined, busy)
       outcome = self._timed_exchange(row)
       if outcome is None:
         break
@@ -341,6 +330,7 @@ class Heartbeat:
     where its main thread is (it shares it; the others fetch it off the beat
     thread, so a beat is never held up)."""
     text = wording.straggler(client, share, self.decider.waits.window)
+    self._process.trace_event("straggler", text)
     key = f"straggler/{client}/{beat}"
     if client == self.client_id:
       where = self.recorder.where()
@@ -402,6 +392,7 @@ class Heartbeat:
         self._fail(failure)
       else:
         logging.warning("%s", failure.reason.heartbeat_line())
+        self._process.trace_event("every client waits", failure.reason.heartbeat_line())
 
   def late_for_collective(self, waited: float) -> None:
     """This client's collective gave up after `waited` s setting up with a
@@ -457,6 +448,7 @@ class Heartbeat:
     with the failure, once) says it and ends the process, even if the main
     thread starts leaving meanwhile; else logs it and stops beating."""
     reason = failure.reason
+    self._process.trace_event("verdict", str(error))
     culprits = [c for c in error.client_ids if c != self.client_id]
     # Under "terminate" this client leaves at once: the launcher waits for it
     # to end by itself rather than stopping it.
@@ -483,6 +475,7 @@ class Heartbeat:
       wait_to_leave(self._peers, self.client_id, [] if failure.own else culprits,
                     self.culprit_grace,
                     spare=[c for c in error.client_ids if c not in self.leaving])
+      self._process.trace_end()
       self._process.terminate(failure.exit_code)
       return
     logging.error("%s", error)

@@ -54,7 +54,7 @@ from jdtensor.heartbeat.wire import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS, OUT_
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "Decider", "judge",
            "StallTimeout", "STALL_SAFETY_FACTOR", "STALL_RHYTHM_STEPS", "IDLE_PERCENT", "MOVING_BYTES_PER_SECOND", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
-           "FIRST_TOKENS", "to_ranges", "from_ranges"]
+           "FIRST_TOKENS", "to_ranges", "from_ranges", "exit_grace_for"]
 
 # A client that waits in a collective counts as blocked only while its process
 # uses less than this share of one core (a process that computes the rest of
@@ -76,6 +76,11 @@ STALL_SAFETY_FACTOR = 5.0
 # first step, is not a rhythm (and the first steps, compilation and warming
 # caches, teach nothing). A step takes a beat at least.
 STALL_RHYTHM_STEPS = 10
+def exit_grace_for(period: float) -> float:
+  """Seconds a client at exit and a blocked waiter make a "left early"."""
+  return max(3.0, 2.0 * period)
+
+
 def stall_pattern(phases: np.ndarray, busy: np.ndarray, joined: np.ndarray,
                   moved: np.ndarray | None = None) -> int | None:
   """The one client running its own code, idle (under `IDLE_PERCENT` of a

@@ -23,7 +23,8 @@ from jdtensor._ids import to_ranges
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "ROW_FRAME", "ROW",
            "PLAIN_OUTCOME", "PHASE_BITS", "row_frame", "read_row_frame", "from_ranges",
-           "RollCall", "Present", "Ask", "Answer", "Shared", "ExchangeMessage",
+           "RollCall", "Present", "Ask", "Answer", "Shared", "Clock", "Now",
+           "ExchangeMessage",
            "read_exchange",
            "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC", "FIRST_TOKENS"]
 
@@ -379,7 +380,26 @@ class Shared:
     return {"hb": "share", "k": self.key, "v": self.value}
 
 
-ExchangeMessage = Union[Outcome, RollCall, Present, Ask, Answer, Shared]
+@dataclasses.dataclass(frozen=True)
+class Clock:
+  """A client asks client 0 the time (a trace's clocks are client 0's)."""
+  query: int = 0
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"hb": "clock", "q": self.query}
+
+
+@dataclasses.dataclass(frozen=True)
+class Now:
+  """Client 0's answer to a `Clock`: its ``time.time()``."""
+  query: int
+  at: float
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"hb": "now", "q": self.query, "t": self.at}
+
+
+ExchangeMessage = Union[Outcome, RollCall, Present, Ask, Answer, Shared, Clock, Now]
 
 
 def read_exchange(frame: dict[str, Any], n: int) -> ExchangeMessage | None:
@@ -404,4 +424,8 @@ def read_exchange(frame: dict[str, Any], n: int) -> ExchangeMessage | None:
                   else tuple(from_ranges(clients, n)))
   if kind == "share":
     return Shared(str(frame["k"]), str(frame["v"]))
+  if kind == "clock":
+    return Clock(int(frame["q"]))
+  if kind == "now":
+    return Now(int(frame["q"]), float(frame["t"]))
   return None

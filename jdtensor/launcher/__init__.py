@@ -33,9 +33,12 @@ from collections.abc import Mapping
 from typing import IO
 
 from jdtensor import _limits
+from jdtensor.errors import ConfigError
 from jdtensor.launcher import nodes
+from jdtensor.launcher.output import say
 from jdtensor.launcher.spec import Attempt, Interrupt, LaunchResult, LaunchSpec, free_ports
 from jdtensor.launcher.supervisor import Signals, run_attempt
+from jdtensor.launcher.trace import RunTrace, check_writable
 
 # The contract (and the API reference); the parts (`spec`, `supervisor`,
 # `processes`, `output`, `nodes`) are imported by their own names.
@@ -70,10 +73,20 @@ def launch(spec: LaunchSpec, out: IO[str] | None = None,
   err = err or sys.stderr
   base = os.environ if env is None else env
   spec = startable(spec, base)
-  with Signals(Interrupt()) as signals:
-    if spec.nnodes == 1 and spec.max_restarts == 0:
-      return run_attempt(spec, Attempt.local(spec), out, err, base, signals)
-    return nodes.run(spec, out, err, base, signals)
+  run_trace = RunTrace(spec.trace, spec.node_rank) if spec.trace else None
+  if run_trace is not None:
+    err, base = run_trace.watching(err), {**base, **run_trace.env}
+  try:
+    with Signals(Interrupt()) as signals:
+      if spec.nnodes == 1 and spec.max_restarts == 0:
+        result = run_attempt(spec, Attempt.local(spec), out, err, base, signals)
+        if run_trace is not None:
+          run_trace.attempt(result)
+        return result
+      return nodes.run(spec, out, err, base, signals, run_trace)
+  finally:
+    if run_trace is not None:
+      say(err, run_trace.close())
 
 
 def startable(spec: LaunchSpec, env: Mapping[str, str]) -> LaunchSpec:
@@ -85,6 +98,10 @@ def startable(spec: LaunchSpec, env: Mapping[str, str]) -> LaunchSpec:
   """
   spec = spec.resolved(env)
   assert spec.num_clients is not None  # `resolved` counts a GPU node's clients.
+  if spec.trace is not None:
+    why = check_writable(spec.trace)
+    if why is not None:
+      raise ConfigError(f"--trace {spec.trace}: cannot write the trace there: {why}.")
   _limits.ensure_launch_capacity(spec.num_clients, spec.num_clients * spec.nnodes,
                                  runs_client_0=spec.node_rank == 0,
                                  picks_ports=spec.port is None)

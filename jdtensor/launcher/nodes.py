@@ -44,6 +44,7 @@ from jdtensor.launcher.channels import (Channel, FailureNote, GroupDecision, Nod
 from jdtensor.launcher.output import say
 from jdtensor.launcher.spec import (Attempt, NodeFailure, HeldPorts, LaunchResult,
                                     LaunchSpec)
+from jdtensor.launcher.trace import RunTrace
 
 __all__ = ["run", "NodeError"]
 
@@ -379,8 +380,10 @@ class _NodeR:
 
 
 def run(spec: LaunchSpec, out: IO[str], err: IO[str],
-        env: Mapping[str, str], signals: supervisor.Signals) -> LaunchResult:
-  """Runs `spec` across its nodes and attempts; see the module docstring."""
+        env: Mapping[str, str], signals: supervisor.Signals,
+        trace: RunTrace | None = None) -> LaunchResult:
+  """Runs `spec` across its nodes and attempts; see the module docstring
+  (`trace`: where each attempt's end is recorded, with ``--trace``)."""
   cache, line = compile_cache.plan(spec.compile_cache, spec.max_restarts,
                                    spec.device_type, env)
   if line:
@@ -388,17 +391,17 @@ def run(spec: LaunchSpec, out: IO[str], err: IO[str],
   if cache is not None:
     env = {**env, **cache.env}
   try:
-    return _run_nodes(spec, out, err, env, signals, cache)
+    return _run_nodes(spec, out, err, env, signals, cache, trace)
   finally:
     if cache is not None:
       cache.remove()
 
 
 def _run_nodes(spec: LaunchSpec, out: IO[str], err: IO[str], env: Mapping[str, str],
-               signals: supervisor.Signals,
-               cache: compile_cache.CompileCache | None) -> LaunchResult:
+               signals: supervisor.Signals, cache: compile_cache.CompileCache | None,
+               trace: RunTrace | None) -> LaunchResult:
   if spec.nnodes == 1:
-    return _run_attempts(_OneNode(spec), spec, out, err, env, signals, cache)
+    return _run_attempts(_OneNode(spec), spec, out, err, env, signals, cache, trace)
   deadline = Deadline(_join_seconds(spec))
   if not spec.secret:
     err.write(f"jdtensor launch: warning: the nodes' handshake is not "
@@ -410,10 +413,10 @@ def _run_nodes(spec: LaunchSpec, out: IO[str], err: IO[str], env: Mapping[str, s
       chans = serve(spec, deadline, err)
       address = spec.node_address or split_host_port(spec.coordinator or "")[0]
       return _run_attempts(_Node0(spec, chans, address, cache), spec, out, err, env,
-                           signals, cache)
+                           signals, cache, trace)
     chan, seen_as = join(spec, deadline)
     return _run_attempts(_NodeR(spec, chan, spec.node_address or seen_as, cache), spec,
-                         out, err, env, signals, cache)
+                         out, err, env, signals, cache, trace)
   except NodeError as e:
     text = f"jdtensor launch (node {spec.node_rank}): {e}"
     say(err, text)
@@ -466,7 +469,8 @@ def recovery_line(restarts: list[_Restart]) -> str:
 
 def _run_attempts(node: _NodeRole, spec: LaunchSpec, out: IO[str], err: IO[str],
                   env: Mapping[str, str], signals: supervisor.Signals,
-                  cache: compile_cache.CompileCache | None = None) -> LaunchResult:
+                  cache: compile_cache.CompileCache | None = None,
+                  trace: RunTrace | None = None) -> LaunchResult:
   """The one restart loop: each attempt is set up by `node` (`begin`), run
   by `supervisor.run_attempt` with `node`'s watchers, and judged by `node`
   (`decide`): over, or started again."""
@@ -480,6 +484,8 @@ def _run_attempts(node: _NodeRole, spec: LaunchSpec, out: IO[str], err: IO[str],
           supervisor.run_attempt(spec, plan, out, err, env, signals, stop_request,
                                  on_failure, quiet=True),
           restarts=plan.restart_count)
+      if trace is not None:
+        trace.attempt(result)
       if restarts:
         restarts[-1].started_at = result.started_at
         restarts[-1].first_step_at = result.first_step_at

@@ -67,6 +67,8 @@ class LaunchSpec:
     compile_cache: With `max_restarts`, the attempts share one JAX
       persistent compilation cache (`jdtensor.launcher.compile_cache`), so
       that a restart reads what the last attempt compiled.
+    trace: Where to write the run's trace (`jdtensor.launcher.trace`: every
+      client's timeline, Perfetto's format); None writes none.
   """
   command: tuple[str, ...]
   num_clients: int | None = 2
@@ -85,6 +87,7 @@ class LaunchSpec:
   log_dir: str | None = None
   log_only: bool = False
   compile_cache: bool = True
+  trace: str | None = None
   gpu_assignment: tuple[tuple[str, ...], ...] | None = field(default=None, repr=False)
 
   def __post_init__(self) -> None:

@@ -39,6 +39,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -298,14 +299,20 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     with open(spec_path, "wb") as f:
       pickle.dump({**header, "result_dir": workdir}, f)
       f.write(payload)
+    # With JDTENSOR_TRACE_DIR set, a failing run leaves its trace there.
+    traces = _env.read_trace_dir()
+    trace = os.path.join(workdir, "trace.json") if traces else None
     spec = launcher.LaunchSpec(
         (sys.executable, "-m", "jdtensor.testing._client", spec_path),
         num_clients=options.num_clients,
         devices_per_client=options.devices_per_client,
         device_type=options.device_type.upper(), timeout=timeout,
-        grace=_TEST_GRACE)
+        grace=_TEST_GRACE, trace=trace)
     out, err = _Tee(sys.stdout), _Tee(sys.stderr)
     result = launcher.launch(spec, out, err, _client_env(options))
+    kept = None
+    if trace is not None and traces is not None and result.exit_code != 0:
+      kept = _keep_trace(trace, traces, name)
     if result.exit_code == 128 + signal.SIGINT:
       raise KeyboardInterrupt
     # Not imported at the top: ``python -m jdtensor.testing._client`` imports
@@ -318,7 +325,22 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
   if result.exit_code == 0 and all(
       records.get(c, {}).get("status") == "ok" for c in range(options.num_clients)):
     return [_transport.loads(v) for v in values]
-  raise _failure(name, options, timeout, result, records, err.lines)
+  failure = _failure(name, options, timeout, result, records, err.lines)
+  if kept is not None:
+    failure.args = (f"{failure.args[0]}\n(trace of the failed run: {kept})",)
+  raise failure
+
+
+def _keep_trace(trace: str, folder: str, name: str) -> str | None:
+  """Moves a failed run's trace into `folder`, named after the test; where."""
+  safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+  path = os.path.join(folder, f"{safe}-{os.getpid()}-{int(time.time())}.json")
+  try:
+    os.makedirs(folder, exist_ok=True)
+    shutil.move(trace, path)
+  except OSError:
+    return None
+  return path
 
 
 class WarmSettings:
