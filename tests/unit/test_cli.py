@@ -10,5 +10,5 @@ def test_help_lists_only_public_commands(capsys):
   except SystemExit:
     pass
   text = capsys.readouterr().out
-  assert "{launch,demo,env,status}" in text
+  assert "{launch,demo,env,status,trace}" in text
   assert "demo-client" not in text and "SUPPRESS" not in text
