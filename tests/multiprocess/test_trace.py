@@ -201,7 +201,7 @@ def test_a_restart_shows_as_new_tracks_after_the_restart_line(tmp_path):
   assert attempts == [(0, 0), (0, 1), (1, 0), (1, 1)]
   events = trace["traceEvents"]
   (restart,) = [e for e in events if e["ph"] == "i"
-                and e["args"].get("text", "").startswith("jdtensor launch: restarting (1 of 1)")]
+                and e.get("args", {}).get("text", "").startswith("jdtensor launch: restarting (1 of 1)")]
   assert restart["s"] == "g"
   first = [p for p, m in meta.items() if m["restart"] == 0]
   second = [p for p, m in meta.items() if m["restart"] == 1]
