@@ -8,7 +8,8 @@ events as they happen into a file of its own (`TraceFile`): Chrome's JSON
 array format, one event a line, flushed a line at a time, so that a file cut
 short by a kill still opens (the format allows the closing ``]`` to be
 missing). A client's main thread is a sequence of slices, one per phase
-(`PhaseSlices`: set-up, own code, in JAX, in a collective, at exit), made
+(`PhaseSlices`: set-up, own code, in JAX, in a collective, at a service
+wait, at exit), made
 from the heartbeat's samples, one a beat: a phase shorter than a beat is
 never a slice of its own, so a 1 ms step loop writes a few lines a beat, not
 a line a step. Verdicts, straggler warnings, restarts and a launcher's stops
@@ -30,12 +31,16 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 __all__ = ["TraceFile", "PhaseSlices", "merge", "read_events", "problems",
-           "PHASE_SLICE_NAMES", "SET_UP", "COUNTER_STEP", "COUNTER_FLOORS"]
+           "PHASE_SLICE_NAMES", "SET_UP", "SERVICE_WAIT", "COUNTER_STEP",
+           "COUNTER_FLOORS"]
 
 # The slices of a client's main thread, by the flight recorder's phase
 # (`jdtensor.heartbeat.flight`), and before its first collective.
 PHASE_SLICE_NAMES = {1: "own code", 2: "in JAX", 3: "in a collective", 4: "at exit"}
 SET_UP = "set-up"
+# A wait on JAX's coordination service (a barrier, a key-value get), not in a
+# collective.
+SERVICE_WAIT = "at a service wait"
 # A counter is written when it moves by this share, and at least by its
 # floor (`COUNTER_FLOORS`, else 1), or once a minute: a steady client costs a
 # line a minute, not a line a beat.

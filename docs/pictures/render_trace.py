@@ -34,7 +34,8 @@ _PAGE = r"""<!doctype html>
 <script>
 const trace = __TRACE__;
 const COLORS = {"set-up": "#9e9e9e", "own code": "#43a047", "in JAX": "#1e88e5",
-                "in a collective": "#fb8c00", "at exit": "#8e24aa"};
+                "in a collective": "#fb8c00", "at a service wait": "#00897b",
+                "at exit": "#8e24aa"};
 const ev = trace.traceEvents;
 const names = {}, sort = {};
 for (const e of ev) {

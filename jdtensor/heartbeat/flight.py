@@ -51,9 +51,11 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from jdtensor import _jaxlib_texts
+
 __all__ = ["RUNNING", "IN_JAX", "WAITING", "AT_EXIT", "MAIN_IDLE_SHARE",
            "Recorder", "MainThreadRecorder", "spans_every_process", "calls_into_jax",
-           "inside_jax",
+           "inside_jax", "at_service_wait",
            "stack_top", "program_stack_top", "format_stacks"]
 
 RUNNING, IN_JAX, WAITING, AT_EXIT = 1, 2, 3, 4
@@ -335,6 +337,27 @@ def inside_jax(frame: Any, jax_dirs: tuple[str, ...] | None = None,
     return False  # A frame we cannot read is the program's own code.
 
 
+# The coordination service's waits, by the method's name (a barrier, a
+# blocking key-value get): C++ calls, made from the innermost Python frame.
+_SERVICE_WAITS = frozenset(name.rsplit(".", 1)[1]
+                           for name in _jaxlib_texts.SERVICE_WAIT_CALLS.split())
+
+
+def at_service_wait(frame: Any, sites: _CallSites = _SITES) -> bool:
+  """Whether the call `frame` is making is a wait on JAX's coordination
+  service (``client.wait_at_barrier(...)``, a blocking key-value get), read
+  from its call site (parsed once)."""
+  if frame is None:
+    return False
+  try:
+    with reading_other_threads():
+      names = sites.get(frame)
+  except Exception:  # pylint: disable=broad-except
+    return False  # A frame torn down under us (see `inside_jax`).
+  return any(isinstance(n, ast.Attribute) and n.attr in _SERVICE_WAITS
+             for n in names or ())
+
+
 def current_frames() -> dict[int, Any]:
   """``sys._current_frames()``, made safely (see `reading_other_threads`)."""
   with reading_other_threads():
@@ -429,6 +452,11 @@ class Recorder:
     """The main thread's innermost frames, for people."""
     return "(not recorded)"
 
+  def at_service_wait(self) -> bool:
+    """Whether the main thread's wait is on the coordination service (asked
+    of a `WAITING` thread, for the trace)."""
+    return False
+
   def where_in_program(self) -> str | None:
     """The main thread's innermost frames of the user's program (not
     jdtensor's exit handling); None once only jdtensor's frames are left."""
@@ -516,6 +544,9 @@ class MainThreadRecorder(Recorder):
       self._state, self.since = state, now
     self.phase = phase
     return phase, now - self.since
+
+  def at_service_wait(self) -> bool:
+    return at_service_wait(self._main_frame(), self._sites)
 
   def where_in_program(self) -> str | None:
     """Where the main thread is in the program (`program_stack_top`); None

@@ -200,9 +200,11 @@ class ProcessHooks:
   def trace_begin(self, offset: float, residual: float) -> None:
     """The beats begin, on client 0's clock (`offset`, `residual`: s)."""
 
-  def trace_beat(self, phase: int, seconds: float, joined: bool, busy: float) -> None:
+  def trace_beat(self, phase: int, seconds: float, joined: bool, busy: float,
+                 service_wait: bool = False) -> None:
     """One beat's sample: the main thread's phase, seconds in it, whether it
-    has joined a collective yet, and the process's CPU use (percent)."""
+    has joined a collective yet, the process's CPU use (percent), and
+    whether its wait is on the coordination service."""
 
   def trace_event(self, name: str, text: str) -> None:
     """A moment worth seeing (a verdict, a straggler), with its text."""

@@ -29,7 +29,7 @@ from jdtensor._report import Reason, Report, VerdictStack, mark_finished
 from jdtensor.errors import PeerFailureError
 from jdtensor.heartbeat.departure import ExitGuard, SystemExitWatch, describe_exception
 from jdtensor.heartbeat.failures import CULPRIT_EXIT_GRACE
-from jdtensor.heartbeat.flight import RUNNING
+from jdtensor.heartbeat.flight import RUNNING, WAITING
 from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.leaving import LeavingHeartbeat, WayOut
 from jdtensor.heartbeat.progress import ByteMeter
@@ -140,13 +140,18 @@ class ClientProcess(ProcessHooks):
                                    clock_residual_s=None if residual != residual
                                    else residual)})
 
-  def trace_beat(self, phase: int, seconds: float, joined: bool, busy: float) -> None:
+  def trace_beat(self, phase: int, seconds: float, joined: bool, busy: float,
+                 service_wait: bool = False) -> None:
     with self._trace_lock:
       if self._trace is None:
         return
       now = time.time()
-      name = (_trace.SET_UP if not joined and phase == RUNNING
-              else _trace.PHASE_SLICE_NAMES.get(phase, "?"))
+      if not joined and phase == RUNNING:
+        name = _trace.SET_UP
+      elif service_wait and phase == WAITING:
+        name = _trace.SERVICE_WAIT
+      else:
+        name = _trace.PHASE_SLICE_NAMES.get(phase, "?")
       self._trace.sample(now, name, seconds)
       rss = _rss_mib()
       self._trace.counters(now, {"cpu %": busy, **({} if rss is None else {"rss MiB": rss})})

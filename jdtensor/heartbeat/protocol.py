@@ -32,7 +32,7 @@ from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.leaving import HOST_EXIT_WAIT, ROLL_CALL_GRACE, wait_to_leave
 from jdtensor.heartbeat.lifecycle import Lifecycle, Phase, WakingEvent
 from jdtensor.heartbeat.meetings import JoinedQuestion
-from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, Recorder
+from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING, Recorder
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.watchdog import Watchdog
 from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
@@ -296,7 +296,9 @@ class Heartbeat:
                 self._joined.answer(phase, seconds), moved=moved,
                 active=self.recorder.active)
       self.own_state = (int(phase), *row.clamped, row.moved_slot)
-      self._process.trace_beat(int(phase), seconds, row.joined, busy)
+      if self._process.tracing:
+        self._process.trace_beat(int(phase), seconds, row.joined, busy,
+                                 phase == WAITING and self.recorder.at_service_wait())
       outcome = self._timed_exchange(row)
       if outcome is None:
         break

@@ -32,7 +32,8 @@ def traced(tmp_path_factory):
                          "--trace", {str(path)!r}, "--", sys.executable, {CLIENT!r}]))
       """, env=clean_env(JDTENSOR_HEARTBEAT_PERIOD=str(PERIOD), JDTENSOR_STALL_TIMEOUT="3",
                          JDTENSOR_STRAGGLER_WINDOW="2", SETUP_SECONDS="1", STEPS="25",
-                         SLOW_SECONDS="0.15", STALLER="2"), timeout=150)
+                         SLOW_SECONDS="0.15", STALLER="2", LATE_BARRIER="1.5"),
+      timeout=150)
   assert result.returncode == 70, result.stderr  # Client 2's stall.
   return json.loads(path.read_text()), result.stderr, result.stdout
 
@@ -71,6 +72,8 @@ def test_each_client_shows_its_phases(traced):
   for client, seen in phases.items():
     assert seen[0] == "set-up", (client, seen)  # Before its first collective.
     assert "in a collective" in seen, (client, seen)
+    # Waiting 1.5 s at the start barrier for client 1, which was not.
+    assert ("at a service wait" in seen) == (client != 1), (client, seen)
   assert phases[2][-1] == "own code", phases[2]  # Its stall, to its end.
   for client in (0, 1, 3):
     assert phases[client][-1] == "in a collective", phases  # Waiting for client 2.

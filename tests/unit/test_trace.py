@@ -4,6 +4,9 @@ the format's rules, and the size of a long run."""
 
 import json
 import random
+import sys
+import threading
+import time
 
 import pytest
 
@@ -119,3 +122,27 @@ def test_a_long_run_stays_small(tmp_path):
   out.close()
   size = (tmp_path / "client-1-11.json").stat().st_size
   assert size < 400 * 1024, size
+
+
+class _Client:
+  """A coordination-service client whose barrier is a C call (as jaxlib's)."""
+  wait_at_barrier = staticmethod(time.sleep)
+  other_wait = staticmethod(time.sleep)
+
+
+@pytest.mark.parametrize("method,expected", [("wait_at_barrier", True),
+                                             ("other_wait", False)])
+def test_a_wait_on_the_coordination_service_is_told_from_its_call_site(method, expected):
+  """The trace's "at a service wait": the main thread's innermost Python
+  frame is calling a service wait (`flight.at_service_wait`)."""
+  from jdtensor.heartbeat import flight  # pylint: disable=g-import-not-at-top
+  client = _Client()
+  calls = {"wait_at_barrier": lambda: client.wait_at_barrier(1.0),
+           "other_wait": lambda: client.other_wait(1.0)}
+  waiter = threading.Thread(target=calls[method], daemon=True)
+  waiter.start()
+  time.sleep(0.2)
+  frame = sys._current_frames()[waiter.ident]  # pylint: disable=protected-access
+  assert flight.at_service_wait(frame) is expected
+  assert flight.at_service_wait(None) is False
+  waiter.join(5)

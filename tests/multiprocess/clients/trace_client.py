@@ -6,6 +6,8 @@ each step (a straggler); then client STALLER stops taking part (its own
 code, idle) while the others wait in the next psum, until the heartbeat
 names it (with a short JDTENSOR_STALL_TIMEOUT). FAIL_FIRST_ATTEMPT=1: client 1
 raises after its set-up on the first attempt (for --max-restarts).
+LATE_BARRIER=S: every client meets at a barrier of the coordination service
+(`jdtensor.barrier`) after its set-up, client 1 S seconds late.
 
     SETUP_SECONDS=1 STEPS=25 SLOW_SECONDS=0.15 STALLER=2 \\
         jdtensor launch -n 4 --trace run.json -- python trace_client.py
@@ -50,6 +52,10 @@ def stuck_upload():
 
 
 load_model()
+if os.environ.get("LATE_BARRIER"):  # Client 1 reaches the start barrier late.
+  if k == 1:
+    time.sleep(float(os.environ["LATE_BARRIER"]))
+  jdtensor.barrier(jdtensor.create_distributed_mesh([("x", jax.device_count())]), "start")
 if (k == 1 and os.environ.get("FAIL_FIRST_ATTEMPT")
     and os.environ.get("JDTENSOR_RESTART_COUNT") == "0"):
   raise ValueError("client 1 fails on the first attempt")
