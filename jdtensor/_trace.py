@@ -115,15 +115,6 @@ class TraceFile:
     """The main thread's open slice ends."""
     self._write({"ph": "E", "pid": self.pid, "tid": _THREAD, "ts": self.ts(at)})
 
-  def slice(self, name: str, start: float, end: float,
-            args: dict[str, Any] | None = None) -> None:
-    """A complete slice on the main thread's track, from `start` to `end`."""
-    event: dict[str, Any] = {"ph": "X", "name": name, "pid": self.pid, "tid": _THREAD,
-                             "ts": self.ts(start), "dur": _us(max(0.0, end - start))}
-    if args:
-      event["args"] = args
-    self._write(event)
-
   def instant(self, name: str, at: float, args: dict[str, Any] | None = None,
               scope: str = "p") -> None:
     """An instant event (a verdict, a restart), on the track (``p``) or the
