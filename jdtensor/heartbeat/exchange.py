@@ -35,8 +35,9 @@ from jdtensor.heartbeat.interfaces import Exchange
 from jdtensor.heartbeat.meetings import ServiceWaitWatch
 from jdtensor.heartbeat.verdicts import STALLED, Decider
 from jdtensor.heartbeat.wire import (PHASE_BITS, PLAIN_OUTCOME, ROW, ROW_FRAME, Answer, Ask,
-                                     Clock, Now, Outcome, Present, RollCall, Row, Shared,
-                                     read_exchange, read_row_frame, row_frame)
+                                     BeatNow, Clock, Now, Outcome, Present, RollCall, Row, Shared,
+                                     read_exchange, read_row_frame, row_frame,
+                                     stall_stack_key)
 
 __all__ = ["LinkExchange", "bounded", "ROW_FRAME", "ack_every_for"]
 
@@ -48,6 +49,22 @@ def ack_every_for(period: float, stuck_timeout: float) -> int:
   time-out (plus a few periods), and every beat where the time-out is only
   a few periods."""
   return max(1, int(stuck_timeout / (4.0 * period)))
+
+
+# Seconds client 0 holds a stall's outcome back from the others while the
+# staller, told first, shares where its main thread is: the others then get
+# the stack and the verdict in one message (one wake-up each, one send loop
+# on client 0). Past it they get the verdict alone, and the stack when it
+# comes, as they would without the hold.
+STALL_STACK_HOLD = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+  """Client 0: a stall's outcome not yet sent to the others."""
+  wire: Any
+  staller: int
+  key: str
 
 
 def _news(outcome: Outcome) -> bool:
@@ -65,7 +82,7 @@ class _Gather:
   """Client 0: the rows of one beat, as they come in."""
 
   __slots__ = ("have", "count", "tokens", "stop", "phases", "seconds", "busy",
-               "moved", "asked")
+               "moved", "asked", "arrived")
 
   def __init__(self, n: int):
     self.have = bytearray(n)
@@ -74,6 +91,10 @@ class _Gather:
     self.asked = False  # Some client waits for this beat's outcome.
     self.tokens, self.phases = [0] * n, [0] * n
     self.seconds, self.busy, self.moved = [0] * n, [0] * n, [0] * n
+    # When each row came in (monotonic): a row's seconds were sampled no
+    # later, so its client has been in its phase at least that much longer
+    # since (`Decider.decide`'s `ages`).
+    self.arrived = [0.0] * n
 
   def merged(self, first: bool) -> np.ndarray:
     """The beat's merged vector (`jdtensor.heartbeat.verdicts.BeatLayout`)."""
@@ -121,7 +142,8 @@ class LinkExchange(Exchange):
   ``roll`` (beat ``b``, query ``q``) and its answer ``present`` (``m``: the
   clients missing, as runs), ``ask`` (question ``w``, query ``q``) and its
   ``answer`` (``c``: clients, as runs), ``share`` (key ``k``, text ``v``:
-  client 0 passes it to every client).
+  client 0 passes it to every client), ``beat`` (client 0 calls every
+  client's next beat now: `sleep_until_beat`).
 
   A client other than client 0 waits for a beat's outcome only where it
   asks for one (`_asks`); in other beats it sends its row and goes on, and
@@ -153,6 +175,10 @@ class LinkExchange(Exchange):
     self._shared: dict[str, str] = {}
     self._wake: Callable[[], None] | None = None
     self._waiting_for = -1  # The beat whose outcome `beat` waits for.
+    # Client 0: when to call the next beat early (`sleep_until_beat`); None: at its time.
+    self._early: float | None = None
+    self._held: _Held | None = None  # Client 0: a stall's outcome held back.
+    self._held_lock = threading.Lock()
 
   def open(self, decider: Decider | None = None,
            wake: Callable[[], None] | None = None) -> None:
@@ -200,6 +226,21 @@ class LinkExchange(Exchange):
       self._token = taken.token
       return taken
 
+  def sleep_until_beat(self, wake: threading.Event, at: float, period: float) -> None:
+    """See `Exchange.sleep_until_beat`. Client 0 calls the beat at which a
+    verdict's time-out ends if every client stays as it was at the last
+    beat (`Decider.due`), where that is well before `at`: every client
+    beats then, and the verdict comes at its time-out, not up to a period
+    after it. Each client takes the called beat as the one it was due to
+    send at `at`, so the rate stays one a period."""
+    early = self._early
+    calling = early is not None and early < at - period / 4
+    if wake.wait(max(0.0, (early if calling else at) - time.monotonic())):  # type: ignore[operator]
+      wake.clear()
+    elif calling:
+      self._early = None
+      self._links.send(BeatNow().to_frame())
+
   def _add(self, beat: int, client: int, token: int, stop: int, phase: int,
            seconds: int, busy: int, moved: int) -> None:
     """Client 0: one client's row; the outcome goes out once every row is in."""
@@ -216,6 +257,7 @@ class LinkExchange(Exchange):
       gather.tokens[client], gather.phases[client] = token, phase
       gather.seconds[client], gather.busy[client] = seconds, busy
       gather.moved[client] = min(moved, 2**31 - 1)
+      gather.arrived[client] = time.monotonic()
       gather.stop += stop
       if _asks(beat, self.ack_every, stop, phase):
         gather.asked = True
@@ -226,7 +268,12 @@ class LinkExchange(Exchange):
     decider = self._decider
     assert decider is not None, "open() first"
     merged = gather.merged(first=beat == 0)
-    outcome = decider.first(merged) if beat == 0 else decider.decide(merged)
+    now = time.monotonic()
+    if beat == 0:
+      outcome = decider.first(merged)
+    else:
+      outcome = decider.decide(merged, ages=now - np.asarray(gather.arrived))
+    self._early = None if beat == 0 or decider.due is None else now + decider.due
     # Out before this client's own beat returns, so that a client waiting for
     # a beat always has its outcome before the next beat can complete.
     if gather.asked or _news(outcome):
@@ -238,17 +285,37 @@ class LinkExchange(Exchange):
   def _send_outcome(self, outcome: Outcome) -> None:
     """Client 0: an outcome to every client; a stall's to the staller first.
 
-    Every other client waits for the stack the staller shares once it has
-    the verdict, so the staller hears it before the thousands of others,
-    not after them (at 4,096 clients, the send loop alone takes a few
-    hundred milliseconds)."""
+    Every other client names the staller with the stack it shares once it
+    has the verdict, so the staller hears first and the others get the
+    stack and the verdict together (`STALL_STACK_HOLD`): at 4,096 clients
+    each send loop takes a few hundred milliseconds, and each message wakes
+    a thousand threads where the clients are threads of a few processes."""
+    self._release()  # A held outcome goes out before any later one.
     wire = outcome.to_wire()
     verdict = outcome.verdict
-    first = (verdict.culprits if verdict is not None and verdict.kind == STALLED
-             else ())
-    for client in first:
-      self._links.send(wire, to=client)
-    self._links.send(wire, skip=first)
+    if verdict is None or verdict.kind != STALLED or verdict.culprits[0] == self.client_id:
+      self._links.send(wire)
+      return
+    held = _Held(wire, verdict.culprits[0], stall_stack_key(outcome.beat))
+    with self._held_lock:
+      self._held = held
+    self._links.send(wire, to=held.staller)
+    timer = threading.Timer(STALL_STACK_HOLD, self._release, args=(held,))
+    timer.daemon = True
+    timer.start()
+
+  def _release(self, held: _Held | None = None, shared: Any = None) -> bool:
+    """Client 0: sends the held outcome (`held`, or any) to every client but
+    the staller, after `shared` (the staller's stack) where given; False if
+    that outcome is not held (already sent)."""
+    with self._held_lock:
+      current = self._held
+      if current is None or (held is not None and current is not held):
+        return False
+      self._held = None
+    self._links.send_together([current.wire] if shared is None else [shared, current.wire],
+                              skip=(current.staller,))
+    return True
 
   def _on_message(self, client: int, message: dict[str, Any] | bytes) -> None:
     """One exchange message from `client` (on the links' watching thread)."""
@@ -279,12 +346,19 @@ class LinkExchange(Exchange):
         self._links.send(Now(said.query, time.time()).to_frame(), to=client)
       elif isinstance(said, Now):
         self._answer(said.query, said.at)
+      elif isinstance(said, BeatNow) and client == 0:
+        wake = self._wake
+        if wake is not None:
+          wake()
       elif isinstance(said, Shared):
         with self._cond:
           self._shared[said.key] = said.value
           self._cond.notify_all()
         if self.client_id == 0:
-          self._links.send(message, skip=(client,))
+          held = self._held
+          if (held is None or (client, said.key) != (held.staller, held.key)
+              or not self._release(held, shared=message)):
+            self._links.send(message, skip=(client,))
     except (KeyError, TypeError, ValueError, IndexError):
       pass  # A malformed message from an authenticated peer is ignored.
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -63,6 +64,13 @@ class Exchange:
     """The element-wise sum of every client's `row` (every client gets the
     same)."""
     raise NotImplementedError
+
+  def sleep_until_beat(self, wake: threading.Event, at: float, period: float) -> None:
+    """Waits until the next beat's time `at` (monotonic seconds; beats come
+    every `period`), or until `wake` is set (then clears it): news, the
+    stop, this client's end."""
+    if wake.wait(max(0.0, at - time.monotonic())):
+      wake.clear()
 
   def ask(self, what: str, timeout: float) -> list[int] | None:
     """Where the beats are decided elsewhere: that decider's answer to

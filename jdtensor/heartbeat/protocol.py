@@ -40,6 +40,7 @@ from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          OUT_OF_SYNC, STALLED,
                                          BeatLayout, Decider, Outcome, Row, StallTimeout,
                                          Verdict, exit_grace_for)
+from jdtensor.heartbeat.wire import stall_stack_key
 from jdtensor._report import Reason
 from jdtensor.errors import PeerFailureError
 
@@ -270,9 +271,8 @@ class Heartbeat:
       # client sends at exit, and waiting a period here would hold this
       # client's exit up to a period after the last client finished. No spin:
       # the exchange itself waits for the others' next beats.
-      wait = 0.0 if self.life.phase is Phase.FINISHING else next_beat - time.monotonic()
-      if self._wake.wait(max(0.0, wait)):
-        self._wake.clear()
+      at = time.monotonic() if self.life.phase is Phase.FINISHING else next_beat
+      self._exchange.sleep_until_beat(self._wake, at, self.period)  # type: ignore[union-attr]
       next_beat = max(next_beat + self.period, time.monotonic() + self.period / 2)
       stop = self.event.is_set()
       now = self._process.clock()
@@ -295,7 +295,7 @@ class Heartbeat:
       row = Row(self.client_id, self.token, stop, phase, seconds, int(busy),
                 self._joined.answer(phase, seconds), moved=moved,
                 active=self.recorder.active)
-      self.own_state = (int(phase), *row.clamped, row.moved_slot)
+      self.own_state = (int(phase), int(seconds), row.clamped[1], row.moved_slot)
       if self._process.tracing:
         self._process.trace_beat(int(phase), seconds, row.joined, busy,
                                  phase == WAITING and self.recorder.at_service_wait())
@@ -380,7 +380,7 @@ class Heartbeat:
     if verdict.kind == EARLY_EXIT:
       self._fail(failures.early_exit(verdict))
     elif verdict.kind == STALLED:
-      key, staller = f"stall/{beat}", verdict.culprits[0]
+      key, staller = stall_stack_key(beat), verdict.culprits[0]
       if staller == me:
         where = self.recorder.where()
         self._store.share(key, where)

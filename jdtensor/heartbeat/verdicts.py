@@ -40,6 +40,7 @@ that is leaving with a failure no longer reacts at all.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +54,7 @@ from jdtensor.heartbeat.wire import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS, OUT_
                                      VerdictKind, from_ranges)
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "Decider", "judge",
-           "StallTimeout", "STALL_SAFETY_FACTOR", "STALL_RHYTHM_STEPS", "IDLE_PERCENT", "MOVING_BYTES_PER_SECOND", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
+           "StallTimeout", "verdict_due", "STALL_SAFETY_FACTOR", "STALL_RHYTHM_STEPS", "IDLE_PERCENT", "MOVING_BYTES_PER_SECOND", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
            "FIRST_TOKENS", "to_ranges", "from_ranges", "exit_grace_for"]
 
 # A client that waits in a collective counts as blocked only while its process
@@ -146,7 +147,40 @@ def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
 def stall_length(runner: int, seconds: np.ndarray) -> float:
   """How long the stall pattern has held: the runner's seconds in its own
   code and every waiter's in its wait, whichever is shortest."""
-  return float(min(int(seconds[runner]), int(np.delete(seconds, runner).min())))
+  return float(min(seconds[runner], np.delete(seconds, runner).min()))
+
+
+def verdict_due(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
+                joined: np.ndarray, exit_grace: float, stall_timeout: float,
+                moved: np.ndarray | None = None) -> float | None:
+  """Seconds from this beat until `judge` names a staller or an early exit,
+  if every client stays as it is; None where no such verdict is in view.
+
+  Verdicts come at beats, and a time-out ends between two: where one ends
+  before the next beat, the beat can be called then
+  (`jdtensor.heartbeat.exchange.LinkExchange.sleep_until_beat`) rather than
+  a period later. The rule stays the beat's: the
+  called beat's fresh rows decide, so a client that moved on meanwhile is
+  judged as it is then. Rounded up to the rows' tenths of a second, so that
+  the called beat is never early for the rule."""
+  dues = []
+  if stall_timeout > 0:
+    staller = stall_pattern(phases, busy, joined, moved)
+    if staller is not None:
+      dues.append(_tenths_up(stall_timeout) - stall_length(staller, seconds))
+  at_exit = phases == AT_EXIT
+  blocked = (phases == WAITING) & (busy < IDLE_PERCENT)
+  if at_exit.any() and blocked.any():
+    grace = _tenths_up(exit_grace)
+    dues.append(max(grace - float(seconds[at_exit].max()),
+                    grace - float(seconds[blocked].max())))
+  ahead = [d for d in dues if d > 0]
+  return round(min(ahead), 3) if ahead else None
+
+
+def _tenths_up(seconds: float) -> float:
+  """`seconds` rounded up to a tenth (a row's resolution)."""
+  return math.ceil(round(seconds * 10, 6)) / 10
 
 
 class StallTimeout:
@@ -284,6 +318,9 @@ class Decider:
     # was decided here.
     self.view: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
     self.moved: np.ndarray | None = None  # The last merged beat's bytes a second.
+    # Seconds from the last beat decided until a verdict's time-out ends, if
+    # every client stays as it is (`verdict_due`); None: none in view.
+    self.due: float | None = None
 
   def first(self, merged: np.ndarray) -> Outcome:
     """The first exchange: every slot must hold client 0's token."""
@@ -296,9 +333,17 @@ class Decider:
           tokens=tuple(slots.tolist()), cluster_token=self.token))
     return Outcome(0, self.token)
 
-  def decide(self, merged: np.ndarray) -> Outcome:
-    """One beat after the first."""
+  def decide(self, merged: np.ndarray, ages: np.ndarray | None = None) -> Outcome:
+    """One beat after the first.
+
+    Args:
+      merged: The beat's merged vector (`BeatLayout`).
+      ages: Per client, seconds since its row was sampled at least (client 0
+        on the links: since it came in), for `due` only: the verdicts take
+        the rows as they are. None: none.
+    """
     self.beats += 1
+    self.due = None
     beat = self.beats
     slots = self.layout.tokens(merged)
     phases, seconds, busy, joined = self._remember(merged)
@@ -318,6 +363,9 @@ class Decider:
       if self._all_waiting_said:
         verdict = None
       self._all_waiting_said = True
+    if verdict is None:
+      self.due = verdict_due(phases, seconds if ages is None else seconds + ages, busy,
+                             joined, self.exit_grace, self.stall.current, moved)
     return Outcome(beat, self.token, verdict=verdict, stragglers=stragglers)
 
   def _remember(self, merged: np.ndarray

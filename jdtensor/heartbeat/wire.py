@@ -22,8 +22,10 @@ import numpy as np
 from jdtensor._ids import to_ranges
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "ROW_FRAME", "ROW",
-           "PLAIN_OUTCOME", "PHASE_BITS", "row_frame", "read_row_frame", "from_ranges",
-           "RollCall", "Present", "Ask", "Answer", "Shared", "Clock", "Now",
+           "PLAIN_OUTCOME", "PHASE_BITS", "SECONDS_SLOT_SCALE", "row_frame",
+           "read_row_frame", "from_ranges",
+           "RollCall", "Present", "Ask", "Answer", "Shared", "Clock", "Now", "BeatNow",
+           "stall_stack_key",
            "ExchangeMessage",
            "read_exchange",
            "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC", "FIRST_TOKENS"]
@@ -37,6 +39,10 @@ _NOT_JOINED = 8
 # period (its own CPU time moved: a step, a dispatch, a loop), not blocked
 # for the whole of it.
 _ACTIVE = 16
+# A row's seconds travel in tenths: client 0 can then call the beat that
+# reaches a time-out when it is reached (`jdtensor.heartbeat.verdicts.
+# verdict_due`), not up to a second later. An int32 slot holds 6.8 years.
+SECONDS_SLOT_SCALE = 10
 
 
 class VerdictKind(str, enum.Enum):
@@ -73,9 +79,10 @@ class BeatLayout:
     return merged[:self.n]
 
   def states(self, merged: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(phase, seconds in it, busy percent) per client."""
+    """(phase, seconds in it (to a tenth), busy percent) per client."""
     n = self.n
-    return (merged[n + 1:2 * n + 1] & (_NOT_JOINED - 1), merged[2 * n + 1:3 * n + 1],
+    return (merged[n + 1:2 * n + 1] & (_NOT_JOINED - 1),
+            merged[2 * n + 1:3 * n + 1] / SECONDS_SLOT_SCALE,
             merged[3 * n + 1:4 * n + 1])
 
   def moved(self, merged: np.ndarray) -> np.ndarray:
@@ -134,8 +141,10 @@ class Row:
 
   @property
   def clamped(self) -> tuple[int, int]:
-    """(seconds, busy) as the int32 slots hold them."""
-    return (min(int(self.seconds), 2**31 - 1), max(0, min(int(self.busy), 10**6)))
+    """(seconds, busy) as the int32 slots hold them: seconds in tenths
+    (`SECONDS_SLOT_SCALE`), rounded down."""
+    return (min(int(self.seconds * SECONDS_SLOT_SCALE + 1e-6), 2**31 - 1),
+            max(0, min(int(self.busy), 10**6)))
 
   @property
   def moved_slot(self) -> int:
@@ -301,7 +310,7 @@ class Outcome:
     return cls(int(data["b"]), int(data["t"]), bool(data.get("e")), verdict, stragglers)
 
 
-# A row on the wire: kind, beat, token, stop, phase slot, seconds, busy,
+# A row on the wire: kind, beat, token, stop, phase slot, tenths of seconds, busy,
 # bytes moved a second.
 ROW_FRAME = struct.Struct("<BIiBBiiI")
 ROW = ord("R")
@@ -380,6 +389,12 @@ class Shared:
     return {"hb": "share", "k": self.key, "v": self.value}
 
 
+def stall_stack_key(beat: int) -> str:
+  """The `Shared` key under which the staller named at `beat` shares where
+  its main thread is."""
+  return f"stall/{beat}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Clock:
   """A client asks client 0 the time (a trace's clocks are client 0's)."""
@@ -399,7 +414,18 @@ class Now:
     return {"hb": "now", "q": self.query, "t": self.at}
 
 
-ExchangeMessage = Union[Outcome, RollCall, Present, Ask, Answer, Shared, Clock, Now]
+@dataclasses.dataclass(frozen=True)
+class BeatNow:
+  """Client 0 asks every client to beat now rather than at its next beat's
+  time: the beat that may reach a verdict's time-out
+  (`jdtensor.heartbeat.verdicts.verdict_due`)."""
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"hb": "beat"}
+
+
+ExchangeMessage = Union[Outcome, RollCall, Present, Ask, Answer, Shared, Clock, Now,
+                        BeatNow]
 
 
 def read_exchange(frame: dict[str, Any], n: int) -> ExchangeMessage | None:
@@ -428,4 +454,6 @@ def read_exchange(frame: dict[str, Any], n: int) -> ExchangeMessage | None:
     return Clock(int(frame["q"]))
   if kind == "now":
     return Now(int(frame["q"]), float(frame["t"]))
+  if kind == "beat":
+    return BeatNow()
   return None

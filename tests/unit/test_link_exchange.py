@@ -13,6 +13,7 @@ import pytest
 from jdtensor._env import HeartbeatSettings
 from jdtensor._report import Reason
 from jdtensor._wire import encode, encode_binary
+from jdtensor.heartbeat import exchange as exchange_module
 from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
 from jdtensor.heartbeat.interfaces import ProcessHooks
@@ -249,28 +250,49 @@ def test_a_beat_costs_each_client_the_same_few_bytes_at_any_scale(n):
     links.sent.clear()
 
 
-def test_a_stall_is_told_to_the_staller_before_every_other_client():
-  """The others wait for the stack the staller shares once it has the
-  verdict: it hears first, then everyone else once."""
+@pytest.mark.parametrize("shares", [True, False])
+def test_a_stall_is_told_to_the_staller_first_and_the_others_get_its_stack_with_it(
+    shares, monkeypatch):
+  """The others name the staller with the stack it shares once it has the
+  verdict: it hears first; the others then get the stack and the verdict in
+  one write (one wake-up each). A staller that does not share within the
+  hold does not hold the others: they get the verdict alone."""
+  monkeypatch.setattr(exchange_module, "STALL_STACK_HOLD", 0.2)
   n, staller = 6, 4
   sent = []
 
   class Recording(_CountingLinks):
     def send(self, message, to=None, skip=()):
-      sent.append((to, tuple(skip)))
+      sent.append((to, tuple(skip), _kind(message)))
+
+    def send_together(self, messages, skip=()):
+      sent.append((None, tuple(skip), tuple(_kind(m) for m in messages)))
 
   links = Recording(n)
   exchange = LinkExchange(0, n, links)
   judge = decider(n)
   stall = Verdict(STALLED, (staller,), seconds=9, waiting=(0, 1, 2, 3, 5), timeout=4.0)
-  judge.decide = lambda merged: Outcome(1, TOKEN, verdict=stall)
+  judge.decide = lambda merged, ages=None: Outcome(1, TOKEN, verdict=stall)
   exchange.open(judge)
   for beat in range(2):
     row = ROW_FRAME.pack(ord("R"), beat, 0 if beat == 0 else TOKEN, 0, RUNNING, 5, 1, 0)
     for c in range(1, n):
       links.carrier(c, row)
     exchange.beat(dataclasses.replace(rows_of(1, beat)[0], client=0))
-  assert sent == [(None, ()), (staller, ()), (None, (staller,))]
+  assert sent == [(None, (), "outcome"), (staller, (), "done")]
+  if shares:
+    links.carrier(staller, {"hb": "share", "k": "stall/1", "v": "train.py:9 main"})
+    assert sent[2:] == [(None, (staller,), ("share", "done"))]
+  else:
+    time.sleep(0.5)
+    assert sent[2:] == [(None, (staller,), ("done",))]
+    links.carrier(staller, {"hb": "share", "k": "stall/1", "v": "train.py:9 main"})
+    assert sent[3:] == [(None, (staller,), "share")]  # Relayed as ever.
+  assert exchange.fetch("stall/1", 0) == "train.py:9 main"
+
+
+def _kind(message) -> str:
+  return "outcome" if isinstance(message, bytes) else message["hb"]
 
 
 def test_links_closed_before_their_watch_starts_end_it_quietly(monkeypatch):
@@ -514,3 +536,59 @@ def test_client_0_tells_every_client_when_a_culprit_has_ended(star):
   s.links[0]._send = lambda message, **kw: sent.append(message)  # pylint: disable=protected-access
   s.links[0].report([1], Reason("client 1 left"))  # Named while alive: nothing yet.
   assert sent == [{"failed": [1], "why": "client 1 left", "subject": [], "by": 0}]
+
+
+class _StandIn:
+  """A main thread in one phase since `since` (wall time; None: not yet)."""
+  at_exit, joined, active = False, True, True
+
+  def __init__(self, phase: int):
+    self.phase, self.since = phase, None
+
+  def sample(self, busy=0.0, idle_percent=0.0, moving=False):
+    return self.phase, 0.0 if self.since is None else max(0.0, time.time() - self.since)
+
+  def where(self) -> str:
+    return "train.py:9 main"
+
+  def where_in_program(self) -> str:
+    return self.where()
+
+
+@pytest.mark.parametrize("phase, resumes", [(0.1, False), (0.6, False), (0.1, True)])
+def test_client_0_calls_the_beat_at_which_a_stall_reaches_its_time_out(star, phase,
+                                                                      resumes):
+  """A stall is named when its time-out ends, not up to a period later
+  (period 1 s, stall time-out 2 s, the stall starting `phase` of a period
+  after a beat: the worst phase is just after one). The called beat is a
+  beat like any other: a runner that rejoins the others just before the
+  time-out is not named."""
+  s = star(3, open_now=False)
+  recorders = [_StandIn(WAITING), _StandIn(WAITING), _StandIn(RUNNING)]
+  settings = HeartbeatSettings(period=1.0, policy="log", stall_timeout=2.0,
+                               stall_learn=False)
+  hbs = [Heartbeat(settings, c, 3, exchange=s.exchanges[c], peers=s.links[c],
+                   process=_Recorded(), recorder=recorders[c]) for c in range(3)]
+  for c, hb in enumerate(hbs):
+    s.links[c].watch(hb)
+    hb.start_threads()
+  for hb in hbs:
+    assert hb.ready.wait(10)
+  ready = time.time()
+  time.sleep(1.0 + phase)  # The first beat is a period after the first exchange.
+  started = time.time()
+  for recorder in recorders:
+    recorder.since = started
+  if resumes:
+    time.sleep(2.0 - 0.15)
+    recorders[2].phase = WAITING  # It joins the others' collective.
+    time.sleep(2.5)
+    assert [hb.failure for hb in hbs] == [None] * 3
+    return
+  while hbs[1].failure is None and time.time() < started + 6:
+    time.sleep(0.01)
+  late = time.time() - started - 2.0
+  assert hbs[1].failure is not None and hbs[1].failure.client_ids == (2,)
+  assert late < 0.5, (f"named {late:.2f} s after the time-out (stall began "
+                      f"{started - ready:.2f} s after the first exchange)")
+  assert "train.py:9 main" in str(hbs[1].failure)  # The staller's own stack.

@@ -14,7 +14,7 @@ from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          MOVING_BYTES_PER_SECOND,
                                          OUT_OF_SYNC, STALLED, BeatLayout, Decider,
                                          Outcome, Row, StallTimeout, Verdict, from_ranges, judge,
-                                         to_ranges)
+                                         to_ranges, verdict_due)
 
 W, R, J, X = WAITING, RUNNING, IN_JAX, AT_EXIT
 
@@ -44,6 +44,58 @@ def _judge(states, joined=None, exit_grace=3.0, stall=300.0):
         "all-waiting"])
 def test_judge(states, joined, stall, expected):
   assert _judge(states, joined, stall=stall) == expected
+
+
+@pytest.mark.parametrize("states, stall, due", [
+    # A stall in view: the time-out less the pattern's length (its shortest).
+    ([(W, 3.4, 1), (R, 2.9, 0), (W, 3.1, 2)], 4.0, 1.1),
+    ([(W, 3.9, 1), (R, 3.95, 0), (W, 3.95, 2)], 4.0, 0.1),
+    ([(W, 3.4, 1), (R, 2.9, 0), (W, 3.1, 2)], 4.05, 1.2),  # Up to the rows' tenths.
+    ([(W, 3.4, 1), (R, 2.9, 0), (W, 3.1, 2)], 0.0, None),  # Stalls switched off.
+    ([(W, 3.4, 1), (R, 2.9, 90), (W, 3.1, 2)], 4.0, None),  # Busy: never a staller.
+    ([(W, 3.4, 1), (R, 2.9, 0), (R, 3.1, 2)], 4.0, None),  # Two runners.
+    ([(W, 3.4, 1), (J, 2.9, 0), (W, 3.1, 2)], 4.0, None),  # Compiling.
+    # An early exit in view: the later of the client at exit's and a blocked
+    # waiter's grace (3 s).
+    ([(W, 2.5, 1), (X, 1.0, 0), (W, 0.5, 2)], 300.0, 2.0),
+    ([(W, 0.2, 1), (X, 2.6, 0)], 300.0, 2.8),
+    ([(W, 2.5, 80), (X, 1.0, 0)], 300.0, None),  # The waiter computes.
+    # Nothing in view.
+    ([(W, 2.5, 1), (W, 1.0, 0), (W, 0.5, 2)], 4.0, None),
+    ([(R, 2.5, 1), (R, 1.0, 0)], 4.0, None),
+])
+def test_a_verdict_in_view_says_when_its_time_out_ends(states, stall, due):
+  """`verdict_due`: where a stall or an early exit would be named if every
+  client stays as it is, the seconds until its time-out ends (client 0
+  calls that beat then, not at the next beat's time)."""
+  phases, seconds, busy = (np.array(v) for v in zip(*states))
+  joined = np.ones(len(states), bool)
+  assert verdict_due(phases, seconds, busy, joined, 3.0, stall) == due
+
+
+def test_the_called_beat_is_never_early_for_the_rule():
+  """Rows are sampled before they come in: the decider counts each row's
+  age, so that once `due` has passed, the called beat's rows (each sampled
+  later still) reach the time-out."""
+  decider = Decider(3, 3.0, StallTimeout(4.0), WaitLedger(3, 60.0, 30.0, 1.0), lambda: 0.0)
+  layout = BeatLayout(3)
+  merged = sum(layout.row(c, 7, False, phase, seconds, 0)
+               for c, (phase, seconds) in enumerate([(W, 2.5), (W, 2.6), (R, 2.0)]))
+  decider.first(sum(layout.row(c, 7 if c == 0 else 0, False, R, 0, 0) for c in range(3)))
+  assert decider.decide(merged).verdict is None and decider.due == 2.0
+  decider.decide(merged, ages=np.array([0.4, 0.0, 0.6]))
+  assert decider.due == 1.4  # The shortest of 2.9, 2.6 and 2.6.
+  called = sum(layout.row(c, 7, False, phase, seconds, 0)
+               for c, (phase, seconds) in enumerate([(W, 4.5), (W, 4.6), (R, 4.0)]))
+  outcome = decider.decide(called)  # The called beat: the stall is named.
+  assert outcome.verdict == Verdict(STALLED, (2,), seconds=4, timeout=4.0)
+  assert decider.due is None
+
+
+def test_a_row_carries_its_seconds_to_a_tenth():
+  layout = BeatLayout(2)
+  merged = layout.row(0, 1, False, W, 2.37, 0) + layout.row(1, 0, False, R, 0.3, 0)
+  assert layout.states(merged)[1].tolist() == [2.3, 0.3]
 
 
 def test_judge_at_pod_scale_names_one_staller_among_4096():
