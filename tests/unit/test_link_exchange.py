@@ -21,7 +21,7 @@ from jdtensor.heartbeat.protocol import Heartbeat
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.verdicts import (EARLY_EXIT, OUT_OF_SYNC, STALLED, Decider, Outcome,
                                          Row, Verdict)
-from jdtensor.runtime.links import Links
+from jdtensor.runtime.links import LinkEvents, Links
 
 
 def decider(n: int) -> Decider:
@@ -399,7 +399,7 @@ def test_client_0_relays_a_report_only_when_it_names_someone_new(star):
   s = star(4)
   heard = []
 
-  class Ear:
+  class Ear(LinkEvents):
     def peer_reported(self, clients, reason):
       heard.append((clients, reason.reporter))
 
@@ -520,7 +520,7 @@ def test_client_0_tells_every_client_when_a_culprit_has_ended(star):
   s = star(4)
   heard = []
 
-  class Ear:
+  class Ear(LinkEvents):
     def peer_reported(self, clients, reason):
       heard.append(clients)
   s.links[3].watch(Ear())

@@ -15,6 +15,7 @@ from jdtensor._deadline import Deadline
 from jdtensor.runtime.rendezvous import Hello, rendezvous
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.launcher import free_ports
+from jdtensor.runtime.links import LinkEvents
 
 SECRET = "0123456789abcdef" * 2
 
@@ -167,7 +168,7 @@ def test_jax_s_service_is_polled_every_ms_then_every_5_ms(monkeypatch):
     server.close()
 
 
-class ServiceWatch:
+class ServiceWatch(LinkEvents):
   def __init__(self):
     self.listening = threading.Event()
 
