@@ -36,8 +36,7 @@ from jdtensor.heartbeat.meetings import ServiceWaitWatch
 from jdtensor.heartbeat.verdicts import STALLED, Decider
 from jdtensor.heartbeat.wire import (PHASE_BITS, PLAIN_OUTCOME, ROW, ROW_FRAME, Answer, Ask,
                                      BeatNow, Clock, Now, Outcome, Present, RollCall, Row, Shared,
-                                     read_exchange, read_row_frame, row_frame,
-                                     stall_stack_key)
+                                     read_exchange, read_row_frame, row_frame)
 
 __all__ = ["LinkExchange", "bounded", "ROW_FRAME", "ack_every_for"]
 
@@ -49,22 +48,6 @@ def ack_every_for(period: float, stuck_timeout: float) -> int:
   time-out (plus a few periods), and every beat where the time-out is only
   a few periods."""
   return max(1, int(stuck_timeout / (4.0 * period)))
-
-
-# Seconds client 0 holds a stall's outcome back from the others while the
-# staller, told first, shares where its main thread is: the others then get
-# the stack and the verdict in one message (one wake-up each, one send loop
-# on client 0). Past it they get the verdict alone, and the stack when it
-# comes, as they would without the hold.
-STALL_STACK_HOLD = 0.5
-
-
-@dataclasses.dataclass(frozen=True)
-class _Held:
-  """Client 0: a stall's outcome not yet sent to the others."""
-  wire: Any
-  staller: int
-  key: str
 
 
 def _news(outcome: Outcome) -> bool:
@@ -177,8 +160,6 @@ class LinkExchange(Exchange):
     self._waiting_for = -1  # The beat whose outcome `beat` waits for.
     # Client 0: when to call the next beat early (`sleep_until_beat`); None: at its time.
     self._early: float | None = None
-    self._held: _Held | None = None  # Client 0: a stall's outcome held back.
-    self._held_lock = threading.Lock()
 
   def open(self, decider: Decider | None = None,
            wake: Callable[[], None] | None = None) -> None:
@@ -285,37 +266,17 @@ class LinkExchange(Exchange):
   def _send_outcome(self, outcome: Outcome) -> None:
     """Client 0: an outcome to every client; a stall's to the staller first.
 
-    Every other client names the staller with the stack it shares once it
-    has the verdict, so the staller hears first and the others get the
-    stack and the verdict together (`STALL_STACK_HOLD`): at 4,096 clients
-    each send loop takes a few hundred milliseconds, and each message wakes
-    a thousand threads where the clients are threads of a few processes."""
-    self._release()  # A held outcome goes out before any later one.
+    Every other client waits for the stack the staller shares once it has
+    the verdict, so the staller hears it before the thousands of others,
+    not after them (at 4,096 clients, the send loop alone takes a few
+    hundred milliseconds)."""
     wire = outcome.to_wire()
     verdict = outcome.verdict
-    if verdict is None or verdict.kind != STALLED or verdict.culprits[0] == self.client_id:
-      self._links.send(wire)
-      return
-    held = _Held(wire, verdict.culprits[0], stall_stack_key(outcome.beat))
-    with self._held_lock:
-      self._held = held
-    self._links.send(wire, to=held.staller)
-    timer = threading.Timer(STALL_STACK_HOLD, self._release, args=(held,))
-    timer.daemon = True
-    timer.start()
-
-  def _release(self, held: _Held | None = None, shared: Any = None) -> bool:
-    """Client 0: sends the held outcome (`held`, or any) to every client but
-    the staller, after `shared` (the staller's stack) where given; False if
-    that outcome is not held (already sent)."""
-    with self._held_lock:
-      current = self._held
-      if current is None or (held is not None and current is not held):
-        return False
-      self._held = None
-    self._links.send_together([current.wire] if shared is None else [shared, current.wire],
-                              skip=(current.staller,))
-    return True
+    first = (verdict.culprits if verdict is not None and verdict.kind == STALLED
+             else ())
+    for client in first:
+      self._links.send(wire, to=client)
+    self._links.send(wire, skip=first)
 
   def _on_message(self, client: int, message: dict[str, Any] | bytes) -> None:
     """One exchange message from `client` (on the links' watching thread)."""
@@ -355,10 +316,7 @@ class LinkExchange(Exchange):
           self._shared[said.key] = said.value
           self._cond.notify_all()
         if self.client_id == 0:
-          held = self._held
-          if (held is None or (client, said.key) != (held.staller, held.key)
-              or not self._release(held, shared=message)):
-            self._links.send(message, skip=(client,))
+          self._links.send(message, skip=(client,))
     except (KeyError, TypeError, ValueError, IndexError):
       pass  # A malformed message from an authenticated peer is ignored.
 

@@ -40,7 +40,6 @@ from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          OUT_OF_SYNC, STALLED,
                                          BeatLayout, Decider, Outcome, Row, StallTimeout,
                                          Verdict, exit_grace_for)
-from jdtensor.heartbeat.wire import stall_stack_key
 from jdtensor._report import Reason
 from jdtensor.errors import PeerFailureError
 
@@ -380,7 +379,7 @@ class Heartbeat:
     if verdict.kind == EARLY_EXIT:
       self._fail(failures.early_exit(verdict))
     elif verdict.kind == STALLED:
-      key, staller = stall_stack_key(beat), verdict.culprits[0]
+      key, staller = f"stall/{beat}", verdict.culprits[0]
       if staller == me:
         where = self.recorder.where()
         self._store.share(key, where)

@@ -25,7 +25,6 @@ __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "ROW_FRAME"
            "PLAIN_OUTCOME", "PHASE_BITS", "SECONDS_SLOT_SCALE", "row_frame",
            "read_row_frame", "from_ranges",
            "RollCall", "Present", "Ask", "Answer", "Shared", "Clock", "Now", "BeatNow",
-           "stall_stack_key",
            "ExchangeMessage",
            "read_exchange",
            "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC", "FIRST_TOKENS"]
@@ -387,12 +386,6 @@ class Shared:
 
   def to_frame(self) -> dict[str, Any]:
     return {"hb": "share", "k": self.key, "v": self.value}
-
-
-def stall_stack_key(beat: int) -> str:
-  """The `Shared` key under which the staller named at `beat` shares where
-  its main thread is."""
-  return f"stall/{beat}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -391,7 +391,7 @@ class Links:
     if sock is not None:
       sock.close()
 
-  def _send(self, *messages: dict[str, object] | bytes,
+  def _send(self, message: dict[str, object] | bytes,
             skip: Collection[int] = frozenset(), only: int | None = None) -> None:
     with self._lock:
       if only is not None:
@@ -399,8 +399,7 @@ class Links:
         targets = [sock] if sock is not None and only not in skip else []
       else:
         targets = [s for c, s in self._sockets.items() if c not in skip]
-    line = b"".join(encode_binary(m) if isinstance(m, bytes) else encode(m)
-                    for m in messages)
+    line = encode_binary(message) if isinstance(message, bytes) else encode(message)
     with self._send_lock:
       for sock in targets:
         _send_all(sock, line)
@@ -411,12 +410,6 @@ class Links:
     `to` (None: every linked client but `skip`); a client that is gone is
     skipped (its end of stream tells)."""
     self._send(message, skip=skip, only=to)
-
-  def send_together(self, messages: Sequence[dict[str, object] | bytes],
-                    skip: Collection[int] = ()) -> None:
-    """Sends `messages`, in order, to every linked client but `skip`, in one
-    write each: a client reads them together (its watcher wakes once)."""
-    self._send(*messages, skip=skip)
 
   def report(self, clients: Sequence[int], reason: Reason) -> None:
     """Tells every other client which clients failed and why (this client
