@@ -146,7 +146,12 @@ def describe_jax_mesh(jax_mesh: Any) -> dict[str, Any]:
 def single_device_sharding(device: str) -> Any:
   """``SingleDeviceSharding`` on a DTensor device string."""
   import jax  # pylint: disable=g-import-not-at-top
-  return jax.sharding.SingleDeviceSharding(resolve_device(device))
+  # jax 0.12 deprecates the class for this factory (a DeprecationWarning in
+  # the user's program); older JAX has only the class.
+  make = getattr(jax.sharding, "make_single_device_sharding", None)
+  if make is None:
+    make = jax.sharding.SingleDeviceSharding
+  return make(resolve_device(device))
 
 
 def named_sharding(jax_mesh: Any, spec: Any) -> Any:

@@ -7,6 +7,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jdtensor
+from jdtensor.runtime.interop import single_device_sharding
 from jdtensor import UNSHARDED, Layout, Mesh
 
 
@@ -75,7 +76,7 @@ def test_from_jax_sharding_pads_and_rejects(mesh):
   with pytest.raises(ValueError, match="more than rank=0"):
     Layout.from_jax_sharding(short, rank=0)
   with pytest.raises(TypeError, match="must be a jax.sharding.NamedSharding"):
-    Layout.from_jax_sharding(jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    Layout.from_jax_sharding(single_device_sharding("/job:localhost/replica:0/task:0/device:CPU:0"))
 
 
 def test_match_has_no_jax_equivalent(mesh):
