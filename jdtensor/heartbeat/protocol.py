@@ -274,21 +274,27 @@ class Heartbeat:
       self._exchange.sleep_until_beat(self._wake, at, self.period)  # type: ignore[union-attr]
       next_beat = max(next_beat + self.period, time.monotonic() + self.period / 2)
       stop = self.event.is_set()
-      now = self._process.clock()
+      now, now_cpu = self._process.clock(), self._process.cpu_seconds()
+      # TCP is counted only while the main thread runs its own code: the only
+      # time this client can be named a staller.
+      in_own_code = self.own_state is None or self.own_state[0] == RUNNING
+      moved_now = self._process.bytes_moved(in_own_code)
+      # Rates over half a period at least: a beat woken or called early would
+      # read a few bytes of this client's own log line, or a moment's CPU, as
+      # a high rate, and break a staller's idle pause in two.
+      window = max(now - wall, self.period / 2)
+      recent_busy = 100.0 * (now_cpu - cpu) / window
+      recent_moved = (0.0 if moved_now is None or moved_before is None
+                      else max(0, moved_now - moved_before) / window)
       if now - wall >= self.period / 2:
-        # Rates over half a period at least: a beat woken early (news) would
-        # read a few bytes of this client's own log line, or a moment's CPU,
-        # as a high rate, and break a staller's idle pause in two.
-        now_cpu = self._process.cpu_seconds()
-        busy = 100.0 * (now_cpu - cpu) / max(now - wall, 1e-3)
-        # TCP is counted only while the main thread runs its own code: the
-        # only time this client can be named a staller.
-        in_own_code = self.own_state is None or self.own_state[0] == RUNNING
-        moved_now = self._process.bytes_moved(in_own_code)
-        moved = (0.0 if moved_now is None or moved_before is None
-                 else max(0, moved_now - moved_before) / max(now - wall, 1e-3))
+        busy, moved = recent_busy, recent_moved
         moved_before = moved_now
         wall, cpu = now, now_cpu
+      else:
+        # An early beat (a called one may name a staller) also counts what
+        # moved since the last rates: a client that began a download a
+        # moment ago is not idle.
+        busy, moved = max(busy, recent_busy), max(moved, recent_moved)
       phase, seconds = self.recorder.sample(busy, IDLE_PERCENT,
                                             moving=moved >= MOVING_BYTES_PER_SECOND)
       row = Row(self.client_id, self.token, stop, phase, seconds, int(busy),

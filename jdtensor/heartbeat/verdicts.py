@@ -51,7 +51,7 @@ from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.wire import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS, OUT_OF_SYNC,
                                      STALLED, BeatLayout, Outcome, Row, Verdict,
-                                     VerdictKind, from_ranges)
+                                     SECONDS_SLOT_SCALE, VerdictKind, from_ranges)
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "Decider", "judge",
            "StallTimeout", "verdict_due", "STALL_SAFETY_FACTOR", "STALL_RHYTHM_STEPS", "IDLE_PERCENT", "MOVING_BYTES_PER_SECOND", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
@@ -179,8 +179,8 @@ def verdict_due(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
 
 
 def _tenths_up(seconds: float) -> float:
-  """`seconds` rounded up to a tenth (a row's resolution)."""
-  return math.ceil(round(seconds * 10, 6)) / 10
+  """`seconds` rounded up to a row's resolution (`SECONDS_SLOT_SCALE`)."""
+  return math.ceil(round(seconds * SECONDS_SLOT_SCALE, 6)) / SECONDS_SLOT_SCALE
 
 
 class StallTimeout:

@@ -570,3 +570,42 @@ def test_client_0_calls_the_beat_at_which_a_stall_reaches_its_time_out(star, pha
   assert late < 0.5, (f"named {late:.2f} s after the time-out (stall began "
                       f"{started - ready:.2f} s after the first exchange)")
   assert "train.py:9 main" in str(hbs[1].failure)  # The staller's own stack.
+
+
+class _Moving(_Recorded):
+  """A process whose byte counter jumps by 100 KB at wall time `at` (a
+  download that begins then)."""
+
+  def __init__(self):
+    super().__init__()
+    self.at: float | None = None
+
+  def bytes_moved(self, sockets):
+    return 100_000 if self.at is not None and time.time() >= self.at else 0
+
+
+def test_a_called_beat_counts_bytes_that_began_moving_since_the_last_beat(star):
+  """A download that begins just before the beat called at a stall's
+  time-out makes the client busy, not a staller, though the last beat's
+  rates said idle (period 1 s, stall time-out 2 s, the download 0.2 s
+  before the time-out)."""
+  s = star(3, open_now=False)
+  recorders = [_StandIn(WAITING), _StandIn(WAITING), _StandIn(RUNNING)]
+  moving = _Moving()
+  settings = HeartbeatSettings(period=1.0, policy="log", stall_timeout=2.0,
+                               stall_learn=False)
+  hbs = [Heartbeat(settings, c, 3, exchange=s.exchanges[c], peers=s.links[c],
+                   process=moving if c == 2 else _Recorded(), recorder=recorders[c])
+         for c in range(3)]
+  for c, hb in enumerate(hbs):
+    s.links[c].watch(hb)
+    hb.start_threads()
+  for hb in hbs:
+    assert hb.ready.wait(10)
+  time.sleep(1.0 + 0.4)  # Beats come at 1, 2, 3 s; the stall begins at 1.4 s.
+  started = time.time()
+  for recorder in recorders:
+    recorder.since = started
+  moving.at = started + 1.8
+  time.sleep(2.0 + 0.5)
+  assert [hb.failure for hb in hbs] == [None] * 3
