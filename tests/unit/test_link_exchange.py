@@ -572,40 +572,62 @@ def test_client_0_calls_the_beat_at_which_a_stall_reaches_its_time_out(star, pha
   assert "train.py:9 main" in str(hbs[1].failure)  # The staller's own stack.
 
 
-class _Moving(_Recorded):
-  """A process whose byte counter jumps by 100 KB at wall time `at` (a
-  download that begins then)."""
+class _Downloading(_Recorded):
+  """A process that begins a download (1 MB/s, on and on) just after its
+  first beat at or after wall time `after` (None: never); `began` is when."""
+
+  RATE = 1_000_000
 
   def __init__(self):
     super().__init__()
-    self.at: float | None = None
+    self.after: float | None = None
+    self.began: float | None = None
 
   def bytes_moved(self, sockets):
-    return 100_000 if self.at is not None and time.time() >= self.at else 0
+    now = time.time()
+    if self.began is None:
+      if self.after is not None and now >= self.after:
+        self.began = now
+      return 0
+    return int((now - self.began) * self.RATE)
 
 
-def test_a_called_beat_counts_bytes_that_began_moving_since_the_last_beat(star):
-  """A download that begins just before the beat called at a stall's
-  time-out makes the client busy, not a staller, though the last beat's
-  rates said idle (period 1 s, stall time-out 2 s, the download 0.2 s
-  before the time-out)."""
+@pytest.mark.parametrize("download", [False, True], ids=["idle", "download"])
+def test_a_called_beat_counts_bytes_that_began_moving_since_the_last_beat(star,
+                                                                          download):
+  """A beat called less than half a period after the last one (a stall's
+  time-out) measures what the client did since that beat: a download that
+  began just after it makes the client busy, not a staller, though the last
+  beat's rates said idle. Period 1 s, stall time-out 2 s, the stall begun
+  just after a beat, so the time-out (and the called beat) comes about 0.1 s
+  after the next-but-one; the download begins just after that beat. Without
+  the download the same client is named at the called beat."""
   s = star(3, open_now=False)
   recorders = [_StandIn(WAITING), _StandIn(WAITING), _StandIn(RUNNING)]
-  moving = _Moving()
+  downloading = _Downloading()
   settings = HeartbeatSettings(period=1.0, policy="log", stall_timeout=2.0,
                                stall_learn=False)
   hbs = [Heartbeat(settings, c, 3, exchange=s.exchanges[c], peers=s.links[c],
-                   process=moving if c == 2 else _Recorded(), recorder=recorders[c])
+                   process=downloading if c == 2 else _Recorded(),
+                   recorder=recorders[c])
          for c in range(3)]
   for c, hb in enumerate(hbs):
     s.links[c].watch(hb)
     hb.start_threads()
   for hb in hbs:
     assert hb.ready.wait(10)
-  time.sleep(1.0 + 0.4)  # Beats come at 1, 2, 3 s; the stall begins at 1.4 s.
+  time.sleep(1.0 + 0.1)  # Beats come at 1, 2, 3 s; the stall begins at 1.1 s.
   started = time.time()
   for recorder in recorders:
     recorder.since = started
-  moving.at = started + 1.8
-  time.sleep(2.0 + 0.5)
+  if download:
+    downloading.after = started + 1.5  # The beat at 3 s begins it.
+  while hbs[1].failure is None and time.time() < started + 2.6:
+    time.sleep(0.01)
+  if not download:
+    assert hbs[1].failure is not None and hbs[1].failure.client_ids == (2,)
+    assert time.time() - started < 2.0 + 0.5  # At the called beat, not at 4 s.
+    return
+  assert downloading.began is not None and downloading.began < started + 2.0 - 0.05, (
+      "the download began too late to test a called beat")
   assert [hb.failure for hb in hbs] == [None] * 3
