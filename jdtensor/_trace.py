@@ -30,7 +30,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-__all__ = ["TraceFile", "PhaseSlices", "merge", "read_events", "problems",
+__all__ = ["TraceFile", "PhaseSlices", "merge", "read_events", "problems", "residuals",
            "PHASE_SLICE_NAMES", "SET_UP", "SERVICE_WAIT", "COUNTER_STEP",
            "COUNTER_FLOORS"]
 
@@ -50,6 +50,9 @@ _COUNTER_EVERY = 60.0
 # The pid of a trace event is a track, not always a process: a client's track
 # is its real pid; a launcher's, its own.
 _THREAD = 1  # The main thread's track in each process.
+# Track ids `merge` gives a process whose pid another host's process already
+# has: above any Linux pid (at most 2**22).
+_FRESH_TRACKS = 1 << 23
 
 
 def _us(seconds: float) -> float:
@@ -60,7 +63,10 @@ class TraceFile:
   """One process's trace events, appended a line at a time.
 
   Args:
-    path: Where (created; a file already there is replaced).
+    path: Where (created; where a file is already there, the first free
+      ``<stem>.<n>.json`` beside it: a client restarted in a new container
+      can have the pid, and so the name, of the one before it). `path` is
+      then the file's real name.
     pid: The track's id (the process's pid).
     name: The track's name (``client 2 (host, pid 123)``).
     sort_index: The track's place in the picture (clients in id order).
@@ -74,7 +80,8 @@ class TraceFile:
                offset: float = 0.0, metadata: dict[str, Any] | None = None):
     self.path, self.pid, self.offset = path, pid, offset
     self._lock = threading.Lock()
-    self._file: IO[str] | None = open(path, "w", encoding="utf-8")
+    self._file: IO[str] | None = _create(path)
+    self.path = self._file.name
     self._file.write("[\n")
     self._meta("process_name", {"name": name})
     self._meta("process_sort_index", {"sort_index": sort_index})
@@ -140,6 +147,17 @@ class TraceFile:
         self._file = None
 
 
+def _create(path: str) -> IO[str]:
+  """A new file at `path`, or at the first free ``<stem>.<n><ext>``."""
+  stem, ext = os.path.splitext(path)
+  for n in range(10_000):
+    try:
+      return open(path if n == 0 else f"{stem}.{n}{ext}", "x", encoding="utf-8")
+    except FileExistsError:
+      continue
+  return open(path, "w", encoding="utf-8")
+
+
 class PhaseSlices:
   """A client's main thread as slices, from one sample a beat.
 
@@ -194,7 +212,9 @@ def read_events(path: str) -> Iterator[dict[str, Any]]:
   try:
     with open(path, encoding="utf-8") as f:
       for line in f:
-        line = line.strip().rstrip(",")
+        # A process's own file ends each line with a comma; a merged trace
+        # (`merge`) begins each but the first with one.
+        line = line.strip().strip(",")
         if line in ("", "[", "]"):
           continue
         try:
@@ -208,18 +228,27 @@ def read_events(path: str) -> Iterator[dict[str, Any]]:
 
 
 def merge(paths: Iterable[str], out: str, metadata: dict[str, Any],
-          ends: dict[int, float] | None = None) -> int:
+          ends: dict[int, float] | None = None, one_host: bool = False) -> int:
   """Writes the events of `paths` into one trace at `out` (Chrome's JSON
   object format: ``traceEvents`` and ``metadata``), a line at a time.
 
+  A path is a process's own file or a trace `merge` wrote (one node's
+  ``jdtensor launch --trace``). A track is a pid, and a pid is a track only
+  on its own host: unless `one_host` (a launcher's files and its clients',
+  which it writes on), each file's tracks are its own, and a pid that an
+  earlier file already gave a track (two hosts, two containers' pid 1) gets
+  a new track id above any pid (its name still says the real pid).
+
   A process that ended inside a slice (killed, or ended without its
   heartbeat's end) has it closed at its end: `ends` (pid -> microseconds on
-  the trace's clock, as the launcher saw it), else its last event.
+  the trace's clock, as the launcher saw it; with `one_host`), else its last
+  event.
 
   Returns:
     The number of events written.
   """
   count = 0
+  tracks = _Tracks()
   tmp = f"{out}.partial"
   with open(tmp, "w", encoding="utf-8") as f:
     f.write('{"displayTimeUnit":"ms","metadata":')
@@ -230,11 +259,14 @@ def merge(paths: Iterable[str], out: str, metadata: dict[str, Any],
       nonlocal count
       f.write(("," if count else "") + json.dumps(event, separators=(",", ":")) + "\n")
       count += 1
-    for path in paths:
+    for space, path in enumerate(paths):
+      space = 0 if one_host else space
       open_slices: dict[tuple[Any, Any], int] = {}
       last = 0.0
       for event in read_events(path):
-        track = (event.get("pid"), event.get("tid"))
+        pid = event.get("pid")
+        event["pid"] = tracks.id(space, pid)
+        track = (event["pid"], event.get("tid"))
         if event.get("ph") == "B":
           open_slices[track] = open_slices.get(track, 0) + 1
         elif event.get("ph") == "E":
@@ -243,13 +275,51 @@ def merge(paths: Iterable[str], out: str, metadata: dict[str, Any],
           open_slices[track] -= 1
         last = max(last, float(event.get("ts", 0.0)) + float(event.get("dur", 0.0)))
         put(event)
-      for (pid, tid), n in open_slices.items():
-        at = max(last, (ends or {}).get(pid, last))
+      for (track_id, tid), n in open_slices.items():
+        at = max(last, (ends or {}).get(tracks.pid_of[track_id], last))
         for _ in range(n):
-          put({"ph": "E", "pid": pid, "tid": tid, "ts": at, "args": {"ended": "process"}})
+          put({"ph": "E", "pid": track_id, "tid": tid, "ts": at,
+               "args": {"ended": "process"}})
     f.write("]}\n")
   os.replace(tmp, out)
   return count
+
+
+class _Tracks:
+  """The trace's track ids: a process keeps its pid, unless another pid
+  space already has it (then `_FRESH_TRACKS` and up)."""
+
+  def __init__(self) -> None:
+    self._ids: dict[tuple[int, Any], Any] = {}
+    self.pid_of: dict[Any, Any] = {}  # Track id -> the pid its file gave.
+    self._next = _FRESH_TRACKS
+
+  def id(self, space: int, pid: Any) -> Any:
+    key = (space, pid)
+    if key not in self._ids:
+      track = pid
+      if pid in self.pid_of or not isinstance(pid, int):
+        while self._next in self.pid_of:
+          self._next += 1
+        track = self._next if isinstance(pid, int) else pid
+      self._ids[key] = track
+      self.pid_of[track] = pid
+    return self._ids[key]
+
+
+def residuals(paths: Iterable[str]) -> dict[str, float | None]:
+  """Each client track's clock residual (seconds), from its metadata, by
+  ``client k (host, pid P)`` (and the restart after which it ran)."""
+  out: dict[str, float | None] = {}
+  for path in paths:
+    for event in read_events(path):  # The last word on the clock wins.
+      if event.get("ph") == "M" and event.get("name") == "jdtensor":
+        args = event.get("args", {})
+        key = f"client {args.get('client')} ({args.get('host')}, pid {args.get('pid')})"
+        if args.get("restart"):
+          key += f" after restart {args['restart']}"
+        out[key] = args.get("clock_residual_s")
+  return out
 
 
 _REQUIRED = {"X": ("name", "pid", "tid", "ts", "dur"), "i": ("name", "pid", "ts", "s"),

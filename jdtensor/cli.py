@@ -15,8 +15,9 @@ Commands:
   exports derived from a TPU pod, SLURM, Kubernetes or Open MPI environment.
 * ``jdtensor status [--watch [SECONDS]] [--pid PID]``: one row per client of
   each `jdtensor launch` this user runs on this machine (see `jdtensor._status`).
-* ``jdtensor trace DIR [-o FILE]``: one trace of the files the clients wrote
-  into ``JDTENSOR_TRACE_DIR=DIR`` (under an engine; see `jdtensor._trace`).
+* ``jdtensor trace PATH... [-o FILE]``: one trace of the files the clients
+  wrote into ``JDTENSOR_TRACE_DIR=DIR`` (under an engine) and of the traces
+  each node's ``jdtensor launch --trace`` wrote (see `jdtensor._trace`).
 """
 
 from __future__ import annotations
@@ -178,31 +179,53 @@ def get_parser() -> argparse.ArgumentParser:
                       help="how long to wait for the clients' first answer "
                       "(default 5; they answer once a heartbeat period)")
   trace = commands.add_parser(
-      "trace", help="merge the trace files clients wrote under an engine",
-      description="One trace (Perfetto's format) of the files the clients of a "
-      "run wrote into JDTENSOR_TRACE_DIR=DIR (mpirun, srun, Kubernetes: set it on "
-      "every client; `jdtensor launch --trace FILE` does this by itself).")
-  trace.add_argument("dir", metavar="DIR", help="the clients' JDTENSOR_TRACE_DIR")
+      "trace", help="merge the trace files of a run's clients or nodes into one",
+      description="One trace (Perfetto's format) of a run: the files its clients "
+      "wrote into JDTENSOR_TRACE_DIR=DIR (mpirun, srun, Kubernetes: set it on every "
+      "client), and the traces each node's `jdtensor launch --trace FILE` wrote. "
+      "Processes of different hosts or containers that had the same pid keep "
+      "tracks of their own.")
+  trace.add_argument("paths", nargs="+", metavar="PATH",
+                     help="a JDTENSOR_TRACE_DIR (its client-*.json files), or a trace "
+                     "file (one node's --trace, or one client's file)")
   trace.add_argument("-o", "--out", default=None, metavar="FILE",
-                     help="where to write the trace (default DIR/run.json)")
+                     help="where to write the trace (default DIR/run.json for one "
+                     "DIR; needed otherwise)")
   return parser
 
 
 def _trace_command(args: argparse.Namespace) -> int:
   import glob  # pylint: disable=g-import-not-at-top
   from jdtensor import _trace  # pylint: disable=g-import-not-at-top
-  files = sorted(glob.glob(os.path.join(args.dir, "client-*.json")))
-  if not files:
-    print(f"jdtensor trace: no client trace in {args.dir} (client-<id>-<pid>.json, "
-          "written by clients started with JDTENSOR_TRACE_DIR set)", file=sys.stderr)
-    return 1
-  out = args.out or os.path.join(args.dir, "run.json")
+
+  def refuse(why: str) -> int:
+    print(f"jdtensor trace: {why}", file=sys.stderr)
+    return 2
+  files: list[str] = []
+  for path in args.paths:
+    if os.path.isdir(path):
+      found = sorted(glob.glob(os.path.join(path, "client-*.json")))
+      if not found:
+        return refuse(f"no client trace in {path} (client-<id>-<pid>.json, written "
+                      "by clients started with JDTENSOR_TRACE_DIR set)")
+      files += found
+    elif os.path.isfile(path):
+      files.append(path)
+    else:
+      return refuse(f"{path} is neither a folder nor a file (give a JDTENSOR_TRACE_DIR, "
+                    "or a trace file that `jdtensor launch --trace` wrote)")
+  one_dir = len(args.paths) == 1 and os.path.isdir(args.paths[0])
+  if args.out is None and not one_dir:
+    return refuse(f"say where the trace of {' '.join(args.paths)} goes: -o FILE")
+  out = args.out or os.path.join(args.paths[0], "run.json")
   try:
-    count = _trace.merge(files, out, {"jdtensor": {"clock": "client 0's"}})
+    count = _trace.merge(files, out, {"jdtensor": {
+        "clock": "client 0's (microseconds of time.time())",
+        "residuals_s": _trace.residuals(files)}})
   except OSError as e:
     print(f"jdtensor trace: cannot write {out}: {e.strerror}", file=sys.stderr)
     return 1
-  print(f"jdtensor trace: {out} ({count:,} events from {len(files)} client file(s))")
+  print(f"jdtensor trace: {out} ({count:,} events from {len(files)} file(s))")
   return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import io
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -32,6 +33,8 @@ _PREFIX = "jdtensor launch"
 # summary (it names a client), a restart, a stop, a time-out.
 _WHOLE_RUN = ("client", "restarting", "time to recovery", "received", "stopped",
               "timed out")
+# A client's file: client-<id>-<pid>.json, or .<n>.json beside one already there.
+_CLIENT_FILE = re.compile(r"client-\d+-(\d+)(?:\.\d+)?\.json")
 
 
 def check_writable(path: str) -> str | None:
@@ -135,9 +138,9 @@ class RunTrace:
     """The pid of `client`'s newest trace file not yet ended (this attempt's)."""
     found = []
     for path in glob.glob(os.path.join(self.dir, f"client-{client}-*.json")):
-      pid = os.path.basename(path)[:-len(".json")].rsplit("-", 1)[1]
-      if pid.isdecimal() and int(pid) not in self.ends:
-        found.append((os.path.getmtime(path), int(pid)))
+      name = _CLIENT_FILE.fullmatch(os.path.basename(path))
+      if name and int(name.group(1)) not in self.ends:
+        found.append((os.path.getmtime(path), int(name.group(1))))
     return max(found)[1] if found else None
 
   def close(self) -> str:
@@ -147,7 +150,8 @@ class RunTrace:
     try:
       count = _trace.merge(files, self.path, {
           "jdtensor": {"clock": "client 0's (microseconds of time.time())",
-                       "residuals_s": _residuals(files)}}, self.ends)
+                       "residuals_s": _trace.residuals(files)}}, self.ends,
+          one_host=True)
     except OSError as e:
       return f"{_PREFIX}: the trace could not be written to {self.path} ({e.strerror})"
     finally:
@@ -155,15 +159,3 @@ class RunTrace:
     tracks = sum(1 for f in files if os.path.basename(f).startswith("client-"))
     return (f"{_PREFIX}: trace of the run in {self.path} ({count:,} events, {tracks} "
             "client track(s); open it in https://ui.perfetto.dev or chrome://tracing)")
-
-
-def _residuals(files: list[str]) -> dict[str, float | None]:
-  """Each client track's clock residual (seconds), from its metadata."""
-  out: dict[str, float | None] = {}
-  for path in files:
-    for event in _trace.read_events(path):  # The last word on the clock wins.
-      if event.get("ph") == "M" and event.get("name") == "jdtensor":
-        args = event.get("args", {})
-        out[f"client {args.get('client')} (pid {args.get('pid')})"] = args.get(
-            "clock_residual_s")
-  return out

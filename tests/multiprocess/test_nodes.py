@@ -85,6 +85,49 @@ def test_two_launchers_make_one_cluster_with_a_cross_node_psum():
   assert sorted(re.findall(r"^\[client (\d)\] DONE$", run.out[1], re.M)) == ["2", "3"]
 
 
+def test_each_nodes_trace_and_jdtensor_trace_make_one_picture(tmp_path):
+  """Two nodes, each launcher in a pid namespace of its own (a container:
+  both launchers pid 1, both clients pid 2), each with `--trace`: `jdtensor
+  trace` of the two files gives one trace with a track for every launcher
+  and client, each with its own slices, the clients on client 0's clock."""
+  import json  # pylint: disable=g-import-not-at-top
+  from jdtensor import _trace  # pylint: disable=g-import-not-at-top
+  prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
+  if subprocess.run([*prefix, "true"], capture_output=True, timeout=10,
+                    check=False).returncode:
+    pytest.skip("needs pid namespaces (root and unshare) to start launchers as pid 1")
+  paths = [str(tmp_path / f"node{r}.json") for r in range(2)]
+  argv = nodes_argv(2, 1, 1)
+  for r, path in enumerate(paths):
+    argv[r][-3:-3] = ["--trace", path]
+  run = Launchers(argv, prefixes=[prefix, prefix], SCENARIO="none", STEPS="5",
+                  JDTENSOR_HEARTBEAT_PERIOD="0.2")
+  assert run.finish(180) == [0, 0], run.out
+  merged = str(tmp_path / "run.json")
+  out = subprocess.run([sys.executable, "-m", "jdtensor", "trace", *paths, "-o", merged],
+                       cwd=REPO, capture_output=True, text=True, timeout=60,
+                       env=clean_env(), check=False)
+  assert out.returncode == 0, out.stderr
+  with open(merged, encoding="utf-8") as f:
+    trace = json.load(f)
+  assert _trace.problems(trace) == []
+  names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+           if e["ph"] == "M" and e["name"] == "process_name"}
+  clients = sorted(n for n in names.values() if n.startswith("client "))
+  assert sorted(set(names.values()) - set(clients)) == [
+      "jdtensor launch (node 0, pid 1)", "jdtensor launch (node 1, pid 1)"], names
+  pids = [re.fullmatch(rf"client {c} \(.+, pid (\d+)\)", n).group(1)
+          for c, n in enumerate(clients)]
+  assert len(pids) == 2 and pids[0] == pids[1], names  # The same pid, two tracks.
+  for track, name in names.items():
+    if name.startswith("client "):
+      assert any(e["ph"] == "B" and e["pid"] == track for e in trace["traceEvents"]), name
+  meta = [e["args"] for e in trace["traceEvents"]
+          if e["ph"] == "M" and e["name"] == "jdtensor"]
+  assert all(abs(m["clock_offset_s"]) < 0.05 for m in meta if m["clock_offset_s"] is not None)
+  assert len(trace["metadata"]["jdtensor"]["residuals_s"]) == 2
+
+
 def test_a_failure_on_node_1_stops_node_0_within_seconds_naming_it():
   run = Launchers(nodes_argv(2, 2, 1), SCENARIO="exception",
                   CULPRIT="2", STEPS="200")

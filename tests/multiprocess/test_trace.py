@@ -136,19 +136,37 @@ def test_a_trace_where_it_cannot_be_written_is_refused_before_any_client_starts(
           "first.") in result.stderr
 
 
-def test_clients_under_an_engine_write_files_that_jdtensor_trace_merges(tmp_path):
+def _own_pid_namespace() -> list[str]:
+  """The command prefix that starts a process as pid 1 of a pid namespace of
+  its own, as a container's first process is (skips where it cannot)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
+  if shutil.which("unshare") is None or subprocess.run(
+      [*prefix, "true"], capture_output=True, timeout=10, check=False).returncode != 0:
+    pytest.skip("needs pid namespaces (root and unshare) to start clients as pid 1")
+  return prefix
+
+
+@pytest.mark.parametrize("containers", [False, True], ids=["one-host", "pid-1-each"])
+def test_clients_under_an_engine_write_files_that_jdtensor_trace_merges(tmp_path,
+                                                                       containers):
   """Under mpirun or srun there is no launcher: each client started with
   JDTENSOR_TRACE_DIR writes its own file, and `jdtensor trace DIR` makes one
-  trace of them (here two clients started by hand)."""
+  trace of them (here two clients started by hand). In containers (a pid
+  namespace each, as Kubernetes starts them) both clients are pid 1: each
+  still has a track of its own."""
+  prefix = _own_pid_namespace() if containers else []
   jobs = [f"localhost:{p}" for p in free_ports(2)]
   procs = [subprocess.Popen(
-      [sys.executable, CLIENT], env=cluster_env(
+      [*prefix, sys.executable, CLIENT], env=cluster_env(
           jobs, c, JDTENSOR_TRACE_DIR=str(tmp_path), JDTENSOR_HEARTBEAT_PERIOD="0.2",
           SETUP_SECONDS="0.5", STEPS="10", SLOW_SECONDS="0"),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
       for c in range(2)]
   results = finish(procs, timeout=90)
   assert [r.returncode for r in results] == [0, 0], results
+  if containers:
+    assert sorted(os.listdir(tmp_path)) == ["client-0-1.json", "client-1-1.json"]
   result = run_python(f"""
       import sys
       from jdtensor import cli
@@ -156,10 +174,16 @@ def test_clients_under_an_engine_write_files_that_jdtensor_trace_merges(tmp_path
       """, env=clean_env(), timeout=60)
   assert result.returncode == 0, result.stderr
   assert re.fullmatch(rf"jdtensor trace: {re.escape(str(tmp_path / 'run.json'))} \([\d,]+ "
-                      r"events from 2 client file\(s\)\)\n", result.stdout)
+                      r"events from 2 file\(s\)\)\n", result.stdout)
   trace = json.loads((tmp_path / "run.json").read_text())
   assert _trace.problems(trace) == []
-  assert sorted(m["client"] for m in _tracks(trace)[1].values()) == [0, 1]
+  names, meta = _tracks(trace)
+  assert sorted(m["client"] for m in meta.values()) == [0, 1]
+  for pid, m in meta.items():  # Each client's track is named for it, with its slices.
+    assert re.fullmatch(rf"client {m['client']} \(.+, pid {m['pid']}\)", names[pid])
+    assert any(e["ph"] == "B" and e["pid"] == pid and e["name"] == "set-up"
+               for e in trace["traceEvents"])
+  assert len(trace["metadata"]["jdtensor"]["residuals_s"]) == 2
 
 
 def _fails_on_client_1():

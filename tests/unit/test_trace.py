@@ -7,6 +7,7 @@ import random
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,103 @@ def test_a_wait_on_the_coordination_service_is_told_from_its_call_site(method, e
   assert flight.at_service_wait(frame) is expected
   assert flight.at_service_wait(None) is False
   waiter.join(5)
+
+
+def _client(folder, client, pid, host, restart=0, killed=False):
+  """A client's own file, as its heartbeat writes it: a set-up slice, its
+  own code (left open where `killed`), a verdict."""
+  out = _trace.TraceFile(str(folder / f"client-{client}-{pid}.json"), pid,
+                         f"client {client} ({host}, pid {pid})", sort_index=client,
+                         metadata={"client": client, "host": host, "pid": pid,
+                                   "restart": restart, "clock_residual_s": 0.001 * pid})
+  slices = _trace.PhaseSlices(out)
+  slices.sample(10.0, "set-up", 1.0)
+  slices.sample(12.0, "own code", 1.0)
+  out.instant("verdict", 13.0, {"text": "client 1 stalled"})
+  if not killed:
+    slices.end(14.0)
+  out.close()
+  return out.path
+
+
+def _tracks_of(trace):
+  """track id -> its name."""
+  return {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+          if e["ph"] == "M" and e["name"] == "process_name"}
+
+
+def test_clients_of_different_hosts_with_the_same_pid_keep_tracks_of_their_own(tmp_path):
+  """Two containers' clients, both pid 1 (a Kubernetes pod's first process),
+  and a third on a host of its own: three tracks, each with its own slices;
+  the first keeps its pid, the others get ids above any pid."""
+  paths = [_client(tmp_path, 0, 1, "pod-a"), _client(tmp_path, 1, 1, "pod-b"),
+           _client(tmp_path, 2, 7, "pod-c")]
+  merged = tmp_path / "run.json"
+  _trace.merge(paths, str(merged), {})
+  trace = json.loads(merged.read_text())
+  assert _trace.problems(trace) == []
+  tracks = _tracks_of(trace)
+  assert sorted(tracks.values()) == ["client 0 (pod-a, pid 1)", "client 1 (pod-b, pid 1)",
+                                     "client 2 (pod-c, pid 7)"]
+  by_name = {name: track for track, name in tracks.items()}
+  assert by_name["client 0 (pod-a, pid 1)"] == 1 and by_name["client 2 (pod-c, pid 7)"] == 7
+  assert by_name["client 1 (pod-b, pid 1)"] >= 1 << 23
+  for track in tracks:  # Every track has its own two slices, whole.
+    assert [e["ph"] for e in trace["traceEvents"] if e["pid"] == track
+            and e["ph"] in "BE"] == ["B", "E", "B", "E"]
+  assert _trace.residuals(paths) == {"client 0 (pod-a, pid 1)": 0.001,
+                                     "client 1 (pod-b, pid 1)": 0.001,
+                                     "client 2 (pod-c, pid 7)": 0.007}
+
+
+def test_the_traces_of_several_nodes_make_one(tmp_path):
+  """Each node's `jdtensor launch --trace` wrote one trace of its launcher
+  and clients (pids that the other node also has, a client killed inside a
+  slice); merged, every process keeps its own track, the killed client's
+  slice still ends where its launcher saw it end, and merging the merged
+  trace again changes nothing."""
+  nodes = []
+  for node, (launcher_pid, client_pids) in enumerate([(100, (101, 102)), (101, (100, 102))]):
+    folder = tmp_path / f"node{node}"
+    folder.mkdir()
+    own = _trace.TraceFile(str(folder / f"launcher-{node}.json"), launcher_pid,
+                           f"jdtensor launch (node {node}, pid {launcher_pid})",
+                           sort_index=-1)
+    own.instant("summary", 15.0, {"text": "jdtensor launch: client 1 stalled"}, scope="g")
+    own.close()
+    files = [own.path] + [_client(folder, 2 * node + k, pid, f"node{node}", killed=k == 1)
+                          for k, pid in enumerate(client_pids)]
+    nodes.append(str(tmp_path / f"run-node{node}.json"))
+    _trace.merge(files, nodes[-1], {}, ends={client_pids[1]: 20e6}, one_host=True)
+  merged = tmp_path / "run.json"
+  count = _trace.merge(nodes, str(merged), {})
+  trace = json.loads(merged.read_text())
+  assert _trace.problems(trace) == []
+  assert count == sum(len(json.loads(Path(n).read_text())["traceEvents"]) for n in nodes)
+  tracks = _tracks_of(trace)
+  assert sorted(tracks.values()) == [
+      "client 0 (node0, pid 101)", "client 1 (node0, pid 102)", "client 2 (node1, pid 100)",
+      "client 3 (node1, pid 102)", "jdtensor launch (node 0, pid 100)",
+      "jdtensor launch (node 1, pid 101)"]
+  killed = {name: track for track, name in tracks.items() if name.startswith(
+      ("client 1 ", "client 3 "))}
+  for track in killed.values():
+    ends = [e for e in trace["traceEvents"] if e["pid"] == track and e["ph"] == "E"]
+    assert ends[-1]["ts"] == 20e6 and ends[-1]["args"] == {"ended": "process"}
+  again = tmp_path / "again.json"
+  _trace.merge([str(merged)], str(again), {})
+  assert json.loads(again.read_text())["traceEvents"] == trace["traceEvents"]
+
+
+def test_a_file_already_there_is_never_replaced(tmp_path):
+  """A client restarted in a new container can have the pid of the one
+  before it (so its file's name): the new one writes beside it."""
+  first = _client(tmp_path, 0, 1, "pod-a")
+  second = _client(tmp_path, 0, 1, "pod-a", restart=1)
+  assert first == str(tmp_path / "client-0-1.json")
+  assert second == str(tmp_path / "client-0-1.1.json")
+  assert _trace.residuals([first, second]) == {"client 0 (pod-a, pid 1)": 0.001,
+                                               "client 0 (pod-a, pid 1) after restart 1": 0.001}
+  merged = tmp_path / "run.json"
+  _trace.merge([first, second], str(merged), {})
+  assert len(_tracks_of(json.loads(merged.read_text()))) == 2
