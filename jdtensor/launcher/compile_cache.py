@@ -17,8 +17,9 @@ What JAX does, and what that means here (jax 0.9 to 0.12):
   collective).
 * On CPU, JAX keys a program by its process: only client 0 would ever load
   one, and with jax 0.12 one loaded beside the others' fresh compilations
-  hangs in its first collective (`CPU_REASON`). A CPU run's attempts share
-  no cache, and the launcher says so.
+  hangs in its first collective (`CPU_REASON`). A CPU run of several
+  clients shares no cache between its attempts, and the launcher says so;
+  a CPU run of one client does share it.
 * An entry is written in place, not renamed into place: a client killed
   while it writes leaves a truncated file, which JAX then fails to read on
   every later attempt (a warning each time) and never writes again (it
@@ -182,14 +183,17 @@ def receive(cache: CompileCache, frame: dict[str, Any]) -> None:
 
 
 def plan(enabled: bool, max_restarts: int, device_type: str,
-         env: Mapping[str, str]) -> tuple[CompileCache | None, str]:
+         env: Mapping[str, str], clients: int | None = None
+         ) -> tuple[CompileCache | None, str]:
   """The run's cache, and the launcher's one line about it ('' for none).
 
   None where there is nothing to reuse (no restarts), where it is off
   (`enabled` False: --no-compile-cache; ``JDTENSOR_COMPILE_CACHE`` false;
-  JAX's own ``JAX_ENABLE_COMPILATION_CACHE`` false), and on CPU (see
-  `CPU_REASON`); the user's own ``JAX_COMPILATION_CACHE_DIR`` where set;
-  else a new folder.
+  JAX's own ``JAX_ENABLE_COMPILATION_CACHE`` false), and on CPU with
+  several clients (see `CPU_REASON`; `clients` is the run's client count,
+  None for not known here); the user's own ``JAX_COMPILATION_CACHE_DIR``
+  where set; else a new folder. A CPU run of one client shares the cache:
+  its one process writes the entries and reads them.
 
   Raises:
     ConfigError: ``JDTENSOR_COMPILE_CACHE`` is not a boolean (JAX's own
@@ -200,7 +204,7 @@ def plan(enabled: bool, max_restarts: int, device_type: str,
   if not enabled or max_restarts <= 0 or not asked or not jax_on:
     return None, ""
   own = env.get(_env.JAX_COMPILATION_CACHE_DIR, "")
-  if device_type.upper() == "CPU":
+  if device_type.upper() == "CPU" and clients != 1:
     if own:
       return None, (f"jdtensor launch: warning: your {_env.JAX_COMPILATION_CACHE_DIR}"
                     f"={own} is used on CPU, where {CPU_REASON}")

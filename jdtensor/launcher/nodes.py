@@ -384,8 +384,9 @@ def run(spec: LaunchSpec, out: IO[str], err: IO[str],
         trace: RunTrace | None = None) -> LaunchResult:
   """Runs `spec` across its nodes and attempts; see the module docstring
   (`trace`: where each attempt's end is recorded, with ``--trace``)."""
+  clients = None if spec.num_clients is None else spec.num_clients * spec.nnodes
   cache, line = compile_cache.plan(spec.compile_cache, spec.max_restarts,
-                                   spec.device_type, env)
+                                   spec.device_type, env, clients)
   if line:
     say(err, line)
   if cache is not None:

@@ -2,9 +2,11 @@
 long the failed attempt ran and, at the end, each restart's time to recovery
 (from the failure to the next attempt's first step, `jdtensor.step_done`).
 
-On CPU the attempts share no compilation cache (JAX keys a CPU program by
-its process; `jdtensor.launcher.compile_cache.CPU_REASON`), and the launcher
-says so; the cache's own parts are tested in tests/unit/test_compile_cache.py.
+On CPU the attempts of several clients share no compilation cache (JAX
+keys a CPU program by its process; `jdtensor.launcher.compile_cache.
+CPU_REASON`), and the launcher says so; one client's do (its step comes from
+the cache after a restart). The cache's own parts are tested in
+tests/unit/test_compile_cache.py.
 """
 
 import os
@@ -21,12 +23,13 @@ pytestmark = pytest.mark.multiprocess
 CLIENT = os.path.join(REPO, "benchmarks", "_recovery_client.py")
 
 
-def launch(*args, **env):
-  """`jdtensor launch -n 4 --max-restarts 1 ARGS -- python recovery_client.py`."""
+def launch(*args, clients=4, **env):
+  """`jdtensor launch -n CLIENTS --max-restarts 1 ARGS -- python
+  recovery_client.py`."""
   res = run_python(f"""
       import sys
       from jdtensor.cli import main
-      sys.exit(main(["launch", "-n", "4", "--max-restarts", "1", "--grace", "5",
+      sys.exit(main(["launch", "-n", "{clients}", "--max-restarts", "1", "--grace", "5",
                      "--timeout", "150", *{list(args)!r}, "--", sys.executable,
                      {CLIENT!r}]))
       """, env=clean_env(**{**TEST_TIMEOUTS, "LAYERS": "20", "STEPS": "4", "KILL": "-1",
@@ -45,7 +48,7 @@ def test_a_restart_says_how_long_it_took_to_recover(step_done):
   assert ran and 0.5 < float(ran.group(1)) < 120, text
   results = parse_results(text)
   assert sorted(results) == [0, 1, 2, 3], text
-  assert all(r["attempt"]["attempt"] == 1 for r in results.values()), text
+  assert all(r["attempt"] == {"attempt": 1, "hits": 0} for r in results.values()), text
   if step_done:
     line = re.search(r"^jdtensor launch: time to recovery: restart 1 after client 2's "
                      r"failure: (\d+\.\d) s \((\d+\.\d) s to start again, (\d+\.\d) s "
@@ -60,6 +63,22 @@ def test_a_restart_says_how_long_it_took_to_recover(step_done):
     assert re.search(r"^jdtensor launch: time to recovery: restart 1 after client 2's "
                      r"failure: \d+\.\d s to start again \(call jdtensor.step_done\(\) "
                      r"after each step for the time to the first step\)$", text, re.M), text
+
+
+def test_a_one_client_cpu_runs_restart_loads_its_step_from_the_cache():
+  """One client on CPU: JAX keys its programs for its one process, which
+  writes them and reads them, so its attempts share the run's cache: the
+  restarted client's step comes from the cache (JAX's cache-hit event), and
+  the folder is gone at the end."""
+  code, text = launch(clients=1, KILL="0", KILL_AT="2", LAYERS="60")
+  assert code == 0, text
+  line = re.search(r"^jdtensor launch: restarts reuse compiled programs: JAX's "
+                   r"compilation cache in (\S+) \(removed at the end; ", text, re.M)
+  assert line, text
+  assert not os.path.exists(line.group(1))
+  assert "compile every program again" not in text
+  (result,) = parse_results(text).values()
+  assert result["attempt"]["attempt"] == 1 and result["attempt"]["hits"] >= 1, text
 
 
 def test_no_compile_cache_line_where_the_user_turned_it_off():

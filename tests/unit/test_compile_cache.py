@@ -32,9 +32,15 @@ ON = {"enabled": True, "max_restarts": 1, "device_type": "GPU"}
     ({}, {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2"}, "new-threshold-kept"),
     ({"device_type": "CPU"}, {}, "cpu"),
     ({"device_type": "cpu"}, {"JAX_COMPILATION_CACHE_DIR": "/users/own"}, "cpu-own"),
+    ({"device_type": "CPU", "clients": 2}, {}, "cpu"),
+    ({"device_type": "CPU", "clients": 1}, {}, "new"),
+    ({"device_type": "CPU", "clients": 1}, {"JAX_COMPILATION_CACHE_DIR": "/users/own"},
+     "own"),
+    ({"device_type": "CPU", "clients": 1, "max_restarts": 0}, {}, None),
 ], ids=["gpu", "tpu", "no-restarts", "flag-off", "variable-off", "variable-on",
         "jax-off", "jax-off-its-word", "jax-on-its-word", "jax-refuses-not-us",
-        "users-own", "users-threshold", "cpu", "cpu-users-own"])
+        "users-own", "users-threshold", "cpu", "cpu-users-own", "cpu-two-clients",
+        "cpu-one-client", "cpu-one-client-users-own", "cpu-one-client-no-restarts"])
 def test_who_gets_which_cache(kwargs, env, expect):
   cache, line = plan(**{**ON, **kwargs}, env=env)
   try:
