@@ -11,8 +11,9 @@ from the last step all of them saved. After each step it calls
 itself after step ``KILL_AT`` of the first attempt. Each phase's end is
 printed as ``MARK <name> <time.time()>``: ``started`` (before any import),
 ``imported``, ``initialized``, ``restored``, ``first_step`` (compiled and
-run), ``done``; at the end, ``RESULT attempt=...``: the attempt and JAX's
-compilation-cache hits.
+run), ``done``; at the end, ``RESULT attempt=...``: the attempt and the
+programs JAX loaded from its compilation cache up to the end of the
+attempt's first step (``hits``, by name: the step is ``jit_step``).
 """
 
 import time
@@ -21,6 +22,7 @@ STARTED = time.time()
 
 import glob  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 
@@ -36,10 +38,22 @@ def mark(name: str, at: float | None = None) -> None:
   print(f"MARK {name} {time.time() if at is None else at:.6f}", flush=True)
 
 
-hits = []
-jax.monitoring.register_event_listener(
-    lambda event, **kwargs: hits.append(event)
-    if event == "/jax/compilation_cache/cache_hits" else None)
+hits: list[str] = []
+
+
+class _CacheHits(logging.Handler):
+  """The programs JAX loads from its persistent cache (its debug line
+  ``Persistent compilation cache hit for '<name>'``), by name."""
+
+  def emit(self, record: logging.LogRecord) -> None:
+    if record.msg.startswith("Persistent compilation cache hit for") and record.args:
+      hits.append(str(record.args[0]))
+
+
+_compiler_log = logging.getLogger("jax._src.compiler")
+_compiler_log.setLevel(logging.DEBUG)
+_compiler_log.propagate = False  # Only the hits, none of JAX's other debug lines.
+_compiler_log.addHandler(_CacheHits())
 mark("started", STARTED)
 mark("imported")
 LAYERS = int(os.environ.get("LAYERS", "150"))
@@ -91,16 +105,21 @@ if CKPT and ORBAX:
 else:
   start = saved_by_all()
   if start:
-    w = jnp.asarray(np.load(os.path.join(CKPT, f"step-{start}-client-{me}.npy")))
+    # Placed as attempt 0 placed it: an array placed otherwise is another
+    # program for JAX (compiled again, never loaded from the cache).
+    w = jax.device_put(np.load(os.path.join(CKPT, f"step-{start}-client-{me}.npy")),
+                       NamedSharding(mesh, P()))
 mark("restored")
 x = jax.make_array_from_process_local_data(
     NamedSharding(mesh, P("x")),
     np.full((4 * jax.local_device_count(), 32), me + 1.0, np.float32))
+first_step_hits: list[str] = []
 for k in range(start, STEPS):
   w, loss = step(w, x)
   float(loss)
   if k == start:
     mark("first_step")
+    first_step_hits = sorted(set(hits))
   if STEP_DONE:
     jdtensor.step_done()
   if CKPT and (k + 1) % EVERY == 0:
@@ -115,4 +134,5 @@ if manager is not None:
   manager.wait_until_finished()
   manager.close()
 mark("done")
-print("RESULT attempt=" + json.dumps({"attempt": attempt, "hits": len(hits)}), flush=True)
+print("RESULT attempt=" + json.dumps({"attempt": attempt, "hits": first_step_hits}),
+      flush=True)
