@@ -27,6 +27,7 @@ One node with ``--max-restarts`` runs the same attempts without the network.
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import secrets
 import time
@@ -142,9 +143,11 @@ class _Node0:
   relays every failure, and decides for all."""
 
   def __init__(self, spec: LaunchSpec, chans: dict[int, Channel], address: str,
-               cache: compile_cache.CompileCache | None = None):
+               cache: compile_cache.CompileCache | None = None,
+               trace: RunTrace | None = None):
     self.spec, self.chans, self.address = spec, chans, address
     self.cache = cache
+    self.trace = trace
     self.shipped: set[str] = set()  # The cache entries the nodes were sent.
     self.inbox: queue.Queue = queue.Queue()
     for rank, chan in chans.items():
@@ -202,7 +205,8 @@ class _Node0:
         self.broadcast({"error": problem})
         raise NodeError(problem) from None
       go = {"jobs": jobs, "attempt": attempt, "nonce": secrets.token_hex(16),
-            "secret": None if spec.secret else secrets.token_hex(32)}
+            "secret": None if spec.secret else secrets.token_hex(32),
+            "trace": None if self.trace is None else os.path.abspath(self.trace.path)}
       if self.cache is not None and self.cache.owned:
         for name, frames in compile_cache.new_entries(self.cache, self.shipped):
           for frame in frames:
@@ -286,9 +290,11 @@ class _NodeR:
   and its ``done``, and does what node 0 decides."""
 
   def __init__(self, spec: LaunchSpec, chan: Channel, address: str,
-               cache: compile_cache.CompileCache | None = None):
+               cache: compile_cache.CompileCache | None = None,
+               trace: RunTrace | None = None):
     self.spec, self.chan, self.address = spec, chan, address
     self.cache = cache
+    self.trace = trace
     self.me = spec.node_rank
     self.inbox: queue.Queue = queue.Queue()
     chan.listen(0, self.inbox)
@@ -327,6 +333,8 @@ class _NodeR:
       held.release()
     if "finish" in frame:
       raise NodeError("node 0 ended the run before it started.")
+    if self.trace is not None and isinstance(frame["go"].get("trace"), str):
+      self.trace.beside(frame["go"]["trace"])
     self.stopped_by, self.mine = [], []
     return _attempt_for(self.spec, frame["go"])
 
@@ -413,11 +421,11 @@ def _run_nodes(spec: LaunchSpec, out: IO[str], err: IO[str], env: Mapping[str, s
     if spec.node_rank == 0:
       chans = serve(spec, deadline, err)
       address = spec.node_address or split_host_port(spec.coordinator or "")[0]
-      return _run_attempts(_Node0(spec, chans, address, cache), spec, out, err, env,
-                           signals, cache, trace)
+      return _run_attempts(_Node0(spec, chans, address, cache, trace), spec, out, err,
+                           env, signals, cache, trace)
     chan, seen_as = join(spec, deadline)
-    return _run_attempts(_NodeR(spec, chan, spec.node_address or seen_as, cache), spec,
-                         out, err, env, signals, cache, trace)
+    return _run_attempts(_NodeR(spec, chan, spec.node_address or seen_as, cache, trace),
+                         spec, out, err, env, signals, cache, trace)
   except NodeError as e:
     text = f"jdtensor launch (node {spec.node_rank}): {e}"
     say(err, text)

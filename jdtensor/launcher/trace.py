@@ -105,6 +105,19 @@ class RunTrace:
                                 f"jdtensor launch (node {node_rank}, pid {pid})",
                                 sort_index=-1)
     self.ends: dict[int, float] = {}  # Each client track's end (microseconds).
+    self.node_rank = node_rank
+    self.node_0_writes: str | None = None  # Node 0's trace, where this is beside it.
+
+  def beside(self, node_0_path: str) -> None:
+    """Node 0 writes its part of the run to `node_0_path` (absolute, as node
+    0 sees it): where this node was given the same path (the same command on
+    every node, as ``srun`` runs it; on a shared file system the nodes would
+    overwrite each other's part), this node writes
+    ``<stem>.node<R><ext>`` beside it instead, and says so."""
+    if self.node_rank == 0 or os.path.abspath(self.path) != node_0_path:
+      return
+    stem, ext = os.path.splitext(self.path)
+    self.node_0_writes, self.path = self.path, f"{stem}.node{self.node_rank}{ext or '.json'}"
 
   @property
   def env(self) -> Mapping[str, str]:
@@ -157,5 +170,12 @@ class RunTrace:
     finally:
       shutil.rmtree(self.dir, ignore_errors=True)
     tracks = sum(1 for f in files if os.path.basename(f).startswith("client-"))
+    if self.node_0_writes is not None:
+      stem, ext = os.path.splitext(self.node_0_writes)
+      ext = ext or ".json"
+      return (f"{_PREFIX}: trace of node {self.node_rank}'s part of the run in "
+              f"{self.path} ({count:,} events, {tracks} client track(s)), beside node "
+              f"0's {self.node_0_writes}; one trace of every node: jdtensor trace "
+              f"{self.node_0_writes} {stem}.node*{ext} -o {stem}.all{ext}")
     return (f"{_PREFIX}: trace of the run in {self.path} ({count:,} events, {tracks} "
             "client track(s); open it in https://ui.perfetto.dev or chrome://tracing)")

@@ -87,22 +87,33 @@ def test_two_launchers_make_one_cluster_with_a_cross_node_psum():
 
 def test_each_nodes_trace_and_jdtensor_trace_make_one_picture(tmp_path):
   """Two nodes, each launcher in a pid namespace of its own (a container:
-  both launchers pid 1, both clients pid 2), each with `--trace`: `jdtensor
-  trace` of the two files gives one trace with a track for every launcher
-  and client, each with its own slices, the clients on client 0's clock."""
+  both launchers pid 1, their clients one pid), each with the same
+  `--trace run.json` (one command on every node, as srun runs it; here one
+  file system): node 0 writes run.json, node 1 run.node1.json beside it and
+  says how to merge them; `jdtensor trace` of the two gives one trace with a
+  track for every launcher and client, each with its own slices, the
+  clients on client 0's clock."""
   import json  # pylint: disable=g-import-not-at-top
   from jdtensor import _trace  # pylint: disable=g-import-not-at-top
   prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
   if subprocess.run([*prefix, "true"], capture_output=True, timeout=10,
                     check=False).returncode:
     pytest.skip("needs pid namespaces (root and unshare) to start launchers as pid 1")
-  paths = [str(tmp_path / f"node{r}.json") for r in range(2)]
+  given = str(tmp_path / "run.json")
   argv = nodes_argv(2, 1, 1)
-  for r, path in enumerate(paths):
-    argv[r][-3:-3] = ["--trace", path]
+  for r in range(2):
+    argv[r][-3:-3] = ["--trace", given]
   run = Launchers(argv, prefixes=[prefix, prefix], SCENARIO="none", STEPS="5",
                   JDTENSOR_HEARTBEAT_PERIOD="0.2")
   assert run.finish(180) == [0, 0], run.out
+  paths = [given, str(tmp_path / "run.node1.json")]
+  assert re.search(rf"^jdtensor launch: trace of the run in {re.escape(given)} \(",
+                   run.out[0], re.M), run.out[0]
+  assert (f"jdtensor launch: trace of node 1's part of the run in {paths[1]} (" in
+          run.out[1]), run.out[1]
+  assert (f"), beside node 0's {given}; one trace of every node: jdtensor trace {given} "
+          f"{tmp_path / 'run.node*.json'} -o {tmp_path / 'run.all.json'}\n" in
+          run.out[1]), run.out[1]
   merged = str(tmp_path / "run.json")
   out = subprocess.run([sys.executable, "-m", "jdtensor", "trace", *paths, "-o", merged],
                        cwd=REPO, capture_output=True, text=True, timeout=60,

@@ -247,3 +247,24 @@ def test_a_file_already_there_is_never_replaced(tmp_path):
   merged = tmp_path / "run.json"
   _trace.merge([first, second], str(merged), {})
   assert len(_tracks_of(json.loads(merged.read_text()))) == 2
+
+
+@pytest.mark.parametrize("rank,given,node_0,written", [
+    (1, "run.json", "run.json", "run.node1.json"),
+    (3, "run", "run", "run.node3.json"),
+    (1, "mine.json", "run.json", "mine.json"),
+    (0, "run.json", "run.json", "run.json"),
+], ids=["same-path", "no-extension", "own-path", "node-0"])
+def test_a_node_given_node_0s_trace_path_writes_beside_it(tmp_path, rank, given, node_0,
+                                                         written):
+  from jdtensor.launcher.trace import RunTrace  # pylint: disable=g-import-not-at-top
+  trace = RunTrace(str(tmp_path / given), node_rank=rank)
+  trace.beside(str(tmp_path / node_0))
+  line = trace.close()
+  assert trace.path == str(tmp_path / written)
+  assert json.loads((tmp_path / written).read_text())["traceEvents"]
+  if written != given:
+    assert line.startswith(f"jdtensor launch: trace of node {rank}'s part of the run in "
+                           f"{tmp_path / written} (")
+  else:
+    assert line.startswith(f"jdtensor launch: trace of the run in {tmp_path / written} (")
