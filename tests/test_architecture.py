@@ -534,6 +534,16 @@ def test_only_the_wire_modules_build_or_parse_frames(module):
                           "read_row_frame"}, module
 
 
+def test_the_node_launchers_send_typed_messages():
+  """The launchers' attempt messages (``ports``, ``go``, ``done``, ``next``,
+  ``finish``) are `channels`' dataclasses: `nodes.py` writes none as a dict
+  of its own (a field renamed on one side only would be read as missing)."""
+  tree = ast.parse((PACKAGE / "launcher" / "nodes.py").read_text())
+  literal = {k.value for n in ast.walk(tree) if isinstance(n, ast.Dict)
+             for k in n.keys if isinstance(k, ast.Constant)}
+  assert not literal & {"ports", "go", "done", "next", "finish"}, literal
+
+
 def test_the_links_are_typed_without_exceptions():
   """Link messages are `link_messages`' dataclasses and the watcher a
   `LinkEvents`: nothing in the links needs a type checker silenced."""

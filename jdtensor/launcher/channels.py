@@ -23,8 +23,8 @@ from jdtensor._deadline import Deadline
 from jdtensor._wire import Frames, encode, handshake_proof, socket_host, split_host_port
 from jdtensor.launcher.spec import LaunchSpec
 
-__all__ = ["Channel", "NodeError", "FailureNote", "NodeDone", "GroupDecision", "serve",
-           "join"]
+__all__ = ["Channel", "NodeError", "FailureNote", "NodeDone", "GroupDecision", "NodePorts",
+           "GroupGo", "serve", "join"]
 
 _PROTOCOL = 1
 _STAGE_SECONDS = 10.0  # For each handshake step of a peer that has connected.
@@ -144,6 +144,56 @@ class GroupDecision:
       return cls(True, read_note(body.get("root")), exit_code=int(body.get("exit_code", 1)))
     body = frame["next"]
     return cls(False, read_note(body.get("root")), attempt=int(body["attempt"]))
+
+
+@dataclass(frozen=True)
+class NodePorts:
+  """A node's ports for an attempt, told to node 0 (``ports``): the address
+  the other nodes reach its clients at, and one port per client."""
+  address: str
+  ports: tuple[int, ...]
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"ports": [self.address, list(self.ports)]}
+
+  @classmethod
+  def from_frame(cls, body: Any) -> NodePorts:
+    """The ``ports`` frame's body.
+
+    Raises:
+      KeyError, TypeError, ValueError: A malformed frame.
+    """
+    address, ports = body
+    return cls(str(address), tuple(int(p) for p in ports))
+
+
+@dataclass(frozen=True)
+class GroupGo:
+  """Node 0's ``go`` for an attempt, to every node: every client's address
+  (node by node), the attempt's number, the nonce each node derives the
+  clients' secret from (or the secret itself, for a run without one), and
+  the absolute path node 0 writes its trace to (None: no ``--trace``)."""
+  jobs: tuple[str, ...]
+  attempt: int
+  nonce: str
+  secret: str | None = None
+  trace: str | None = None
+
+  def to_frame(self) -> dict[str, Any]:
+    return {"go": {"jobs": list(self.jobs), "attempt": self.attempt, "nonce": self.nonce,
+                   "secret": self.secret, "trace": self.trace}}
+
+  @classmethod
+  def from_frame(cls, body: dict[str, Any]) -> GroupGo:
+    """The ``go`` frame's body.
+
+    Raises:
+      KeyError, TypeError, ValueError: A malformed frame.
+    """
+    secret, trace = body.get("secret"), body.get("trace")
+    return cls(tuple(str(j) for j in body["jobs"]), int(body["attempt"]),
+               str(body["nonce"]), None if secret is None else str(secret),
+               trace if isinstance(trace, str) else None)
 
 
 class NodeError(Exception):

@@ -40,8 +40,8 @@ from jdtensor._deadline import Deadline
 from jdtensor._wire import format_host_port, handshake_proof, split_host_port
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, ConfigError
 from jdtensor.launcher import compile_cache, supervisor
-from jdtensor.launcher.channels import (Channel, FailureNote, GroupDecision, NodeDone,
-                                        NodeError, join, serve)
+from jdtensor.launcher.channels import (Channel, FailureNote, GroupDecision, GroupGo,
+                                        NodeDone, NodeError, NodePorts, join, serve)
 from jdtensor.launcher.output import say
 from jdtensor.launcher.spec import (Attempt, NodeFailure, HeldPorts, LaunchResult,
                                     LaunchSpec)
@@ -181,7 +181,11 @@ class _Node0:
         self.lost.add(rank)
         raise NodeError(f"node {rank}'s launcher is gone (connection closed).")
       if kind in frame:
-        got[rank] = read(frame[kind])
+        try:
+          got[rank] = read(frame[kind])
+        except (KeyError, TypeError, ValueError):
+          raise NodeError(f"node {rank} sent a malformed {kind}: "
+                          f"{str(frame[kind])[:200]}") from None
       elif on_other is not None:
         on_other(rank, frame)
     return got
@@ -190,12 +194,11 @@ class _Node0:
     spec = self.spec
     held = _ports(spec, self.address)
     try:
-      ports = {0: (self.address, held.ports)}
-      for rank, (address, node_ports) in self.gather(
-          "ports", Deadline(_ROUND_SECONDS)).items():
-        ports[rank] = (str(address), [int(p) for p in node_ports])
-      jobs = [format_host_port(ports[r][0], p) for r in range(spec.nnodes)
-              for p in ports[r][1]]
+      ports = {0: NodePorts(self.address, tuple(held.ports))}
+      ports.update(self.gather("ports", Deadline(_ROUND_SECONDS),
+                               read=NodePorts.from_frame))
+      jobs = [format_host_port(ports[r].address, p) for r in range(spec.nnodes)
+              for p in ports[r].ports]
       try:
         _env.parse_jobs(",".join(jobs))  # Distinct and well-formed.
       except ConfigError as e:
@@ -204,15 +207,15 @@ class _Node0:
                    "--port ranges, or let jdtensor pick free ports (no --port).")
         self.broadcast({"error": problem})
         raise NodeError(problem) from None
-      go = {"jobs": jobs, "attempt": attempt, "nonce": secrets.token_hex(16),
-            "secret": None if spec.secret else secrets.token_hex(32),
-            "trace": None if self.trace is None else os.path.abspath(self.trace.path)}
+      go = GroupGo(tuple(jobs), attempt, secrets.token_hex(16),
+                   None if spec.secret else secrets.token_hex(32),
+                   None if self.trace is None else os.path.abspath(self.trace.path))
       if self.cache is not None and self.cache.owned:
         for name, frames in compile_cache.new_entries(self.cache, self.shipped):
           for frame in frames:
             self.broadcast({"cache": frame})
           self.shipped.add(name)
-      self.broadcast({"go": go})
+      self.broadcast(go.to_frame())
     finally:
       held.release()
     self.failures, self.done = [], {}
@@ -322,7 +325,7 @@ class _NodeR:
     # says so (an error) if it never comes.
     wait = _ROUND_SECONDS + (_join_seconds(self.spec) if attempt == 0 else 0.0)
     try:
-      self.chan.send({"ports": [self.address, held.ports]})
+      self.chan.send(NodePorts(self.address, tuple(held.ports)).to_frame())
       # Node 0's compilation cache comes first (from the second attempt on):
       # only client 0 writes entries, and this node's clients would otherwise
       # compile what the others read.
@@ -333,10 +336,14 @@ class _NodeR:
       held.release()
     if "finish" in frame:
       raise NodeError("node 0 ended the run before it started.")
-    if self.trace is not None and isinstance(frame["go"].get("trace"), str):
-      self.trace.beside(frame["go"]["trace"])
+    try:
+      go = GroupGo.from_frame(frame["go"])
+    except (KeyError, TypeError, ValueError):
+      raise NodeError(f"node 0 sent a malformed go: {str(frame['go'])[:200]}") from None
+    if self.trace is not None and go.trace is not None:
+      self.trace.beside(go.trace)
     self.stopped_by, self.mine = [], []
-    return _attempt_for(self.spec, frame["go"])
+    return _attempt_for(self.spec, go)
 
   def _on_failure(self, failure: NodeFailure) -> None:
     self.mine.append(_note(self.me, failure))
@@ -569,10 +576,9 @@ class _OneNode:
     pass
 
 
-def _attempt_for(spec: LaunchSpec, go: dict[str, Any]) -> Attempt:
-  jobs = tuple(go["jobs"])
+def _attempt_for(spec: LaunchSpec, go: GroupGo) -> Attempt:
   n = spec.num_clients
   ids = tuple(range(spec.node_rank * n, (spec.node_rank + 1) * n))
-  secret = go.get("secret") or _client_secret(spec.secret, go["nonce"])
-  return Attempt(ids, jobs, secret, int(go["attempt"]))
+  secret = go.secret or _client_secret(spec.secret, go.nonce)
+  return Attempt(ids, go.jobs, secret, go.attempt)
 
