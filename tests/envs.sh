@@ -164,7 +164,8 @@ run_oldest() {
     "tests/multiprocess/test_hang_triage.py::test_every_clients_stack_is_under_the_verdict" \
     tests/multiprocess/test_no_false_kill.py tests/multiprocess/test_forked_worker.py \
     tests/multiprocess/test_users_signal_handler.py tests/multiprocess/test_client_text.py \
-    tests/multiprocess/test_log_dir_full.py tests/multiprocess/test_warm_clusters.py
+    tests/multiprocess/test_log_dir_full.py tests/multiprocess/test_warm_clusters.py \
+    "tests/multiprocess/test_recovery.py::test_a_one_client_cpu_runs_restart_loads_its_step_from_the_cache"
 }
 
 run_integration() {
