@@ -65,7 +65,7 @@ CKPT = os.environ.get("CKPT")
 ORBAX = os.environ.get("CKPT_KIND") == "orbax"  # Else numpy files.
 STEP_DONE = os.environ.get("STEP_DONE", "1") == "1"
 
-jdtensor.initialize_accelerator_system("CPU")
+jdtensor.initialize_accelerator_system(os.environ.get("DEVICE", "CPU"))
 me, n = jdtensor.client_id(), jdtensor.num_clients()
 attempt = int(os.environ.get("JDTENSOR_RESTART_COUNT", "0"))
 mark("initialized")

@@ -19,7 +19,11 @@ every check runs in fresh client processes under `jdtensor launch`:
    while the others wait in that psum, each named by the launcher, with the
    seconds from the misbehaviour to the run's end;
 5. a long kernel (12 s) on one client while the others wait: slow, never a
-   stall (the run ends 0).
+   stall (the run ends 0);
+6. a restart after a SIGKILL loads the step from the JAX compilation cache
+   the attempts share (``--max-restarts 1``), on every client: one client
+   per GPU where there are 2 or more, else one client (on CPU, JAX keys a
+   program by its process, so only a one-client run shares a cache).
 
 ``--platform cpu`` runs the same checks on CPU devices (2 clients), so that
 the script itself is tested where there is no GPU
@@ -30,14 +34,18 @@ passed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.metadata
 import io
+import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 try:
@@ -53,6 +61,7 @@ from jdtensor import _device_nodes, _env, launcher  # Never starts JAX.
 
 
 CLIENT = os.path.join(ROOT, "benchmarks", "_gpu_check_client.py")
+RECOVERY_CLIENT = os.path.join(ROOT, "benchmarks", "_recovery_client.py")
 STALL_TIMEOUT = 5.0
 BUSY_SECONDS = 12.0
 LAUNCH_TIMEOUT = 120.0
@@ -192,6 +201,36 @@ def busy(plan: Plan, seconds: float) -> Row:
              "exit 0, nobody named" if ok else f"exit {result.exit_code}: {text[-1500:]}")
 
 
+def cache_restart(plan: Plan) -> Row:
+  """The last client SIGKILLed after step 2, restarted once: every client of
+  the next attempt loads the step from the compilation cache the attempts
+  share (JAX's own cache-hit line, `_recovery_client.py`), after restoring
+  its checkpoint."""
+  clients = 1 if plan.device == "CPU" or plan.shared else plan.clients
+  spec = dataclasses.replace(plan.spec((sys.executable, RECOVERY_CLIENT)),
+                             num_clients=clients, max_restarts=1)
+  ckpt = tempfile.mkdtemp(prefix="jdtensor-gpu-check-")
+  env = plan.env(DEVICE=plan.device, LAYERS="60", STEPS="4", EVERY="2", KILL_AT="2",
+                 KILL=str(clients - 1), CKPT=ckpt)
+  env.pop(_env.JDTENSOR_SHARE_GPUS, None)  # One client a GPU.
+  out, err = io.StringIO(), io.StringIO()
+  try:
+    result = launcher.launch(spec, out=out, err=err, env=env)
+  finally:
+    shutil.rmtree(ckpt, ignore_errors=True)
+  text = out.getvalue() + err.getvalue()
+  got = {int(c): json.loads(r) for c, r in
+         re.findall(r"^\[client (\d+)\] RESULT attempt=(.*)$", text, re.M)}
+  ttr = re.search(r"time to recovery: restart 1 after client \d+'s failure: "
+                  r"(\d+\.\d) s", text)
+  ok = (result.exit_code == 0 and sorted(got) == list(range(clients)) and ttr is not None
+        and all(r["attempt"] == 1 and "jit_step" in r["hits"] for r in got.values()))
+  return Row("a restart loads the step from the compilation cache (s to recovery)",
+             str(clients), ok, float(ttr.group(1)) if ttr else None,
+             "every client's resumed step came from the cache" if ok
+             else f"exit {result.exit_code}: {text[-1500:]}")
+
+
 def machine(plan: Plan) -> str:
   def version(name: str) -> str:
     try:
@@ -238,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(s to the run's end)", "stall", r"client 1 stalled",
                         JDTENSOR_STALL_TIMEOUT=str(STALL_TIMEOUT)),
       lambda: busy(plan, args.busy_seconds),
+      lambda: cache_restart(plan),
   ]
   rows = []
   for check in checks:

@@ -30,7 +30,8 @@ def test_every_check_passes_and_the_table_is_written(tmp_path):
       "a SIGKILLed client (s to the run's end)",
       "an exception on a client (s to the run's end)",
       "a stalled client, stall time-out 5 s (s to the run's end)",
-      "a 7 s kernel on client 1, stall time-out 5 s: not a stall (kernel s)"], table
+      "a 7 s kernel on client 1, stall time-out 5 s: not a stall (kernel s)",
+      "a restart loads the step from the compilation cache (s to recovery)"], table
   assert all(r.split(" | ")[2] == "ok" for r in rows), table
   seconds = {r.split(" | ")[0][2:]: r.split(" | ")[3] for r in rows}
   assert float(seconds["a SIGKILLed client (s to the run's end)"]) < 2, table
@@ -38,7 +39,7 @@ def test_every_check_passes_and_the_table_is_written(tmp_path):
   assert 5 <= stall < 9, table
   assert re.match(r"jdtensor gpu_check: \d{4}-\d\d-\d\d, .*: Python 3\.\d+\.\d+, jax ",
                   table), table
-  assert res.stdout.endswith(f"gpu_check: 7 of 7 checks passed; table in {out}\n")
+  assert res.stdout.endswith(f"gpu_check: 8 of 8 checks passed; table in {out}\n")
 
 
 def test_a_machine_without_a_gpu_is_told_so():
