@@ -23,7 +23,7 @@ STDLIB_ONLY = ["launcher", "launcher.gpus", "launcher.spec", "launcher.processes
                "launcher.supervisor", "launcher.channels", "launcher.compile_cache",
                "launcher.nodes", "_report", "_wire", "steps",
                "_status",
-               "_jaxlib_texts", "_monitoring",
+               "_jaxlib_texts", "_monitoring", "_threads",
                "cli", "_env", "cluster", "errors",
                "device_spec", "_device_nodes", "_logging", "testing", "testing._transport",
                "testing._client", "testing._warm"]
@@ -185,7 +185,7 @@ LAYERS = [
     ("the floor", ["errors", "_env.names", "_env.parse", "_env.cluster_env",
                    "_env.runtime_env", "_env.heartbeat_env", "_env", "_logging",
                    "_deadline", "_ids", "_limits", "device_spec", "_device_nodes", "_wire",
-                   "_jaxlib_texts", "_monitoring",
+                   "_jaxlib_texts", "_monitoring", "_threads",
                    "_report", "_status", "_trace", "cluster", "steps"]),
     ("the data model", ["tpu", "tpu.ring", "layout", "_proto"]),
     ("runtime leaves", ["runtime.link_messages", "runtime.links", "runtime.handshake",

@@ -59,6 +59,7 @@ from typing import Any, NamedTuple
 from jdtensor import _jaxlib_texts
 from jdtensor._monitoring import claim_tool, release_tool
 from jdtensor._report import printable
+from jdtensor._threads import start_daemon
 
 __all__ = ["AFTER_EXIT_HANDLERS", "Departure", "ExitGuard", "FLUSH_DEADLINE",
            "SystemExitWatch",
@@ -157,10 +158,8 @@ def flush_open_files(deadline: float = FLUSH_DEADLINE) -> bool:
     for stream in (sys.stdout, sys.stderr, *_file_objects()):
       _flush(stream)
     done.set()
-  try:
-    threading.Thread(target=flush_all, name="jdtensor-flush", daemon=True).start()
-  except RuntimeError:  # No new thread at this point of the exit (3.12+).
-    flush_all()
+  if start_daemon(flush_all, "jdtensor-flush") is None:
+    flush_all()  # No new thread at this point of the exit (3.12).
   return done.wait(deadline)
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from jdtensor._threads import call_bounded
 from jdtensor.heartbeat.flight import AT_EXIT
 from jdtensor.heartbeat.interfaces import Exchange
 from jdtensor.heartbeat.meetings import ServiceWaitWatch
@@ -38,7 +39,7 @@ from jdtensor.heartbeat.wire import (PHASE_BITS, PLAIN_OUTCOME, ROW, ROW_FRAME, 
                                      BeatNow, Clock, Now, Outcome, Present, RollCall, Row, Shared,
                                      read_exchange, read_row_frame, row_frame)
 
-__all__ = ["LinkExchange", "bounded", "ROW_FRAME", "ack_every_for"]
+__all__ = ["LinkExchange", "ROW_FRAME", "ack_every_for"]
 
 
 
@@ -100,9 +101,11 @@ def joined_user_collective() -> bool:
   devices = jax.local_devices()
   if not devices or devices[0].platform != "cpu":
     return True
-  # On a helper thread: a stopped client 0 cannot block the beat thread.
-  joined = bounded(lambda: jax_private.joined_gloo_collective(
-      {d.id for d in devices}), timeout=1.0)
+  # On a helper thread: a stopped client 0 cannot block the beat thread. At
+  # the interpreter's shutdown (Python 3.12 starts no thread then) the
+  # answer is unknown, so assumed, as where it cannot be read.
+  joined = call_bounded(lambda: jax_private.joined_gloo_collective(
+      {d.id for d in devices}), timeout=1.0, name="jdtensor-joined")
   return True if joined is None else joined
 
 
@@ -432,18 +435,3 @@ class LinkExchange(Exchange):
     if joined and self._meetings is not None:
       self._meetings.stop()  # Nothing more to learn.
     return joined
-
-
-def bounded(fn: Callable[[], Any], timeout: float) -> Any:
-  """`fn()` on a helper thread; None if it fails or takes over `timeout` s."""
-  out: list[Any] = []
-
-  def call() -> None:
-    try:
-      out.append(fn())
-    except Exception:  # pylint: disable=broad-except
-      pass
-  thread = threading.Thread(target=call, daemon=True, name="jdtensor-kv")
-  thread.start()
-  thread.join(timeout)
-  return out[0] if out else None

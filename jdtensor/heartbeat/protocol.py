@@ -41,14 +41,14 @@ from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
                                          BeatLayout, Decider, Outcome, Row, StallTimeout,
                                          Verdict, exit_grace_for)
 from jdtensor._report import Reason
+from jdtensor._threads import start_daemon
 from jdtensor.errors import PeerFailureError
 
 __all__ = ["Heartbeat", "Phase", "BeatLayout", "POLICIES", "FIRST_EXCHANGE_ALLOWANCE",
            "ROLL_CALL_GRACE", "HOST_EXIT_WAIT", "IDLE_PERCENT", "exit_grace_for"]
 
 POLICIES = HEARTBEAT_POLICIES
-# Seconds the first exchange may take beyond the stuck time-out: every client
-# must have started its heartbeat (after its backend's start).
+# Seconds the first exchange may take past the stuck time-out (backends start first).
 FIRST_EXCHANGE_ALLOWANCE = 30.0
 
 
@@ -348,8 +348,8 @@ class Heartbeat:
     def fetch_and_log() -> None:
       where = self._store.fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
       logging.warning("%s (main thread in %s)", text, where)
-    threading.Thread(target=fetch_and_log, daemon=True,
-                     name="jdtensor-heartbeat-straggler").start()
+    if start_daemon(fetch_and_log, "jdtensor-heartbeat-straggler") is None:
+      logging.warning("%s", text)  # The interpreter is shutting down: no fetch.
 
   def status(self) -> dict[str, Any]:
     """What `jdtensor status` shows of this client: its own state and, where
