@@ -68,6 +68,7 @@ _EXPORTS = {
     "shutdown_tpu_system": "jdtensor.accelerator",
     "step_done": "jdtensor.steps",
     "unpack": "jdtensor.api",
+    "watch_thread": "jdtensor.heartbeat.watched",
 }
 
 if TYPE_CHECKING:  # Static view of the lazy names for type checkers and IDEs.
@@ -142,6 +143,9 @@ if TYPE_CHECKING:  # Static view of the lazy names for type checkers and IDEs.
   )
   from jdtensor.steps import (  # noqa: F401
       step_done,
+  )
+  from jdtensor.heartbeat.watched import (  # noqa: F401
+      watch_thread,
   )
 
 

@@ -197,7 +197,8 @@ LAYERS = [
     # Inside heartbeat/, the exit path walks down: the package wires
     # `process` (the exit guard) -> `protocol` -> `leaving` (the way out) ->
     # `interfaces` -> the decisions -> the floor.
-    ("heartbeat's floor", ["heartbeat.departure", "heartbeat.flight", "heartbeat.progress",
+    ("heartbeat's floor", ["heartbeat.watched", "heartbeat.departure", "heartbeat.flight",
+                           "heartbeat.progress",
                            "heartbeat.watchdog", "heartbeat.wire", "heartbeat.lifecycle"]),
     ("heartbeat's decisions", ["heartbeat.stragglers", "heartbeat.meetings",
                                "heartbeat.verdicts", "heartbeat.wording",

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from jdtensor._env.names import (JDTENSOR_COORDINATION_TIMEOUT,
                                  JDTENSOR_HEARTBEAT_PERIOD, JDTENSOR_HEARTBEAT_POLICY,
                                  JDTENSOR_STALL_FLOOR, JDTENSOR_STALL_KILL_ALL_WAITING,
+                                 JDTENSOR_DEADLOCK_TIMEOUT,
                                  JDTENSOR_STALL_LEARN, JDTENSOR_STALL_TIMEOUT, JDTENSOR_STRAGGLER_THRESHOLD,
                                  JDTENSOR_STRAGGLER_WINDOW, JDTENSOR_STUCK_TIMEOUT)
 from jdtensor._env.parse import MAX_TIMEOUT, environ_or_default, parse_timeout, read_bool
@@ -59,6 +60,14 @@ class HeartbeatSettings(NamedTuple):
       the stall timeout (a long computation, or a deadlock), fail the run
       instead of only logging each client's stack
       (``JDTENSOR_STALL_KILL_ALL_WAITING``, default false).
+    deadlock_timeout: When every client has waited in a collective this
+      long with its process idle (a deadlock: clients that issued different
+      collectives, or a collective one of them never reaches), the run ends
+      with every client's stack (``JDTENSOR_DEADLOCK_TIMEOUT``, default 600:
+      NCCL's watchdog's 10 minutes; 0: never, only the warning at the stall
+      time-out). A long computation keeps its process busy and is never
+      taken for one, on CPU; on a GPU or TPU a single device call longer
+      than this would be.
     straggler_threshold: A client the others wait for in collectives more
       than this share (percent) of the straggler window is named a straggler
       on every client, once (``JDTENSOR_STRAGGLER_THRESHOLD``, default 30;
@@ -71,6 +80,7 @@ class HeartbeatSettings(NamedTuple):
   stuck_timeout: float = 60.0
   stall_timeout: float = 300.0
   stall_kill_all_waiting: bool = False
+  deadlock_timeout: float = 600.0
   stall_learn: bool = True
   stall_floor: float = 60.0
   straggler_threshold: float = 30.0
@@ -83,6 +93,7 @@ class HeartbeatSettings(NamedTuple):
             JDTENSOR_STUCK_TIMEOUT: self.stuck_timeout,
             JDTENSOR_STALL_TIMEOUT: self.stall_timeout,
             JDTENSOR_STALL_KILL_ALL_WAITING: self.stall_kill_all_waiting,
+            JDTENSOR_DEADLOCK_TIMEOUT: self.deadlock_timeout,
             JDTENSOR_STALL_LEARN: self.stall_learn,
             JDTENSOR_STALL_FLOOR: self.stall_floor,
             JDTENSOR_STRAGGLER_THRESHOLD: self.straggler_threshold,
@@ -316,6 +327,9 @@ def _read(env: Mapping[str, str], period: float | None, policy: str | None,
             f"{JDTENSOR_STALL_TIMEOUT}={env[JDTENSOR_STALL_TIMEOUT]!r}: the learnt "
             "stall time-out lies between the two; lower the floor or raise "
             f"{JDTENSOR_STALL_TIMEOUT}.")
+  raw = env.get(JDTENSOR_DEADLOCK_TIMEOUT)
+  deadlock = (defaults.deadlock_timeout if raw is None else
+              _seconds(JDTENSOR_DEADLOCK_TIMEOUT, raw, 1.0, MAX_TIMEOUT, zero_ok=True))
   raw = env.get(JDTENSOR_STRAGGLER_THRESHOLD)
   threshold = defaults.straggler_threshold if raw is None else _percent(
       JDTENSOR_STRAGGLER_THRESHOLD, raw)
@@ -326,6 +340,7 @@ def _read(env: Mapping[str, str], period: float | None, policy: str | None,
       period=period_value, policy=policy_value, stuck_timeout=stuck,
       stall_timeout=stall,
       stall_kill_all_waiting=read_bool(JDTENSOR_STALL_KILL_ALL_WAITING, False, env),
+      deadlock_timeout=deadlock,
       stall_learn=read_bool(JDTENSOR_STALL_LEARN, True, env), stall_floor=floor,
       straggler_threshold=threshold, straggler_window=window), coordination_value, notes
 

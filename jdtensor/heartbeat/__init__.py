@@ -1,23 +1,21 @@
 """DTensor's heartbeat service on JAX, and how a client leaves a run.
 
 Every client exchanges DTensor's random token with every other client every
-`period` seconds, on a thread; when a client dies, hangs, stalls, leaves
-early or restarts, the others notice within a bounded time and every one of
-them names the same client and reason (TF DTensor's heartbeat logs forever
-and never stops in its open-source build).
+`period` seconds; when a client dies, hangs, stalls, leaves early or
+restarts, every other names it and the reason within a bounded time (TF
+DTensor's heartbeat logs forever in its open-source build).
 
 This module is the entry point (DTensor's `start`, `current`, `dump_stacks`)
 and wires the parts, top to bottom: `protocol.Heartbeat` (the threads and the
 policy) is given `exchange.LinkExchange` (the beats on the liveness links,
 outside JAX), the liveness links, `process.ClientProcess` (the launcher's
-reports) and `flight`'s recorder (what the main thread does); `verdicts`
-decides what a merged beat means (the list of verdicts), `failures` what it
-means for this client, `wording` says it, `stragglers` keeps who the others
-wait for; `wire` is what the parts send; `departure` reads how the process
-is leaving, and `leaving` is its one way out.
+reports) and `flight`'s recorder (what the program's thread, `watched`,
+does); `verdicts` decides what a merged beat means (the list of verdicts),
+`failures` what it means for this client, `wording` says it, `stragglers`
+keeps who the others wait for; `wire` is what the parts send; `departure`
+reads how the process is leaving, and `leaving` is its one way out.
 
-Configuration: `jdtensor._env.HeartbeatSettings`. SIGUSR1 prints every
-thread's stack (``faulthandler``).
+Settings: `jdtensor._env.HeartbeatSettings`. SIGUSR1 prints every stack.
 """
 
 from __future__ import annotations
@@ -25,11 +23,11 @@ from __future__ import annotations
 import threading
 from typing import IO, Any
 
-from jdtensor import _env, runtime
-from jdtensor import _logging as logging
+from jdtensor import _env, _logging as logging, runtime
 from jdtensor.errors import NotInitializedError
+from jdtensor.heartbeat import watched
 from jdtensor.heartbeat.exchange import LinkExchange, ack_every_for
-from jdtensor.heartbeat.flight import MainThreadRecorder, format_stacks
+from jdtensor.heartbeat.flight import ProgramThreadRecorder, format_stacks
 from jdtensor.heartbeat.meetings import ServiceWaitWatch
 from jdtensor.heartbeat.process import ClientProcess
 from jdtensor.heartbeat.progress import ByteMeter
@@ -115,7 +113,8 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
   if not state.multi_client or state.links is None or env is None:
     raise NotInitializedError("The heartbeat needs an initialised multi-client "
                               "run (DTENSOR_JOBS with several clients).")
-  meetings = ServiceWaitWatch()
+  program = watched.program_thread()  # The caller's, unless the program named one.
+  meetings = ServiceWaitWatch(program)
   meetings.start()  # Before the loop's first barrier: see `meetings`.
   exchange = LinkExchange(env.client_id, env.num_clients, state.links,
                           ack_every=ack_every_for(settings.period, settings.stuck_timeout),
@@ -125,7 +124,8 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
   meter = ByteMeter(state.links.descriptors, [int(port)] if port.isdecimal() else [])
   heartbeat = Heartbeat(settings, env.client_id, env.num_clients, exchange=exchange,
                         peers=state.links, process=ClientProcess(env.client_id, meter),
-                        recorder=MainThreadRecorder(env.num_clients, _live_arrays))
+                        recorder=ProgramThreadRecorder(env.num_clients, _live_arrays,
+                                                       program=program))
   heartbeat.start_threads()  # The first exchange too: off the caller's path.
   state.links.watch(heartbeat)
   _current = heartbeat
@@ -133,7 +133,8 @@ def _start(settings: _env.HeartbeatSettings) -> threading.Event:
 
 
 def dump_stacks(file: IO[str] | None = None) -> str:
-  """This client's threads' Python stacks, the main thread first.
+  """This client's threads' Python stacks, the program's thread first (the
+  main thread, or the one `jdtensor.watch_thread` names).
 
   Args:
     file: Where to write them too (e.g. ``sys.stderr``); None writes nothing.
@@ -141,7 +142,7 @@ def dump_stacks(file: IO[str] | None = None) -> str:
   Returns:
     The text.
   """
-  text = format_stacks()
+  text = format_stacks(first=watched.program_ident())
   if file is not None:
     file.write(text + "\n")
     file.flush()

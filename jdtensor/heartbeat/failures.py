@@ -107,6 +107,13 @@ def every_client_waiting(me: int, num_clients: int, stall_timeout: float,
                  tuple(range(num_clients)), told=True)
 
 
+def deadlock(verdict: Verdict, num_clients: int) -> Failure:
+  """Every client idle in a collective for the deadlock time-out: the run
+  ends, every client named (none of them can move on)."""
+  return Failure(wording.deadlock(verdict.seconds, verdict.timeout),
+                 tuple(range(num_clients)), told=True)
+
+
 def first_tokens(verdict: Verdict, me: int, sent: int) -> Failure:
   """The first exchange did not spread client 0's token (DTensor's check):
   client 0 names the slots without its token, the others every client."""

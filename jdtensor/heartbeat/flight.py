@@ -1,5 +1,7 @@
-"""The flight recorder: what this client's main thread is doing, sampled by
-the heartbeat thread once a beat.
+"""The flight recorder: what the thread that runs this client's program (the
+main thread, or the one `jdtensor.heartbeat.watched` names) is doing,
+sampled by the heartbeat thread once a beat. "The main thread" below is
+that thread.
 
 Each beat carries every client's phase and how long it has been in it, so
 every client can tell the same story about a run that stopped moving:
@@ -52,9 +54,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from jdtensor import _jaxlib_texts
+from jdtensor.heartbeat.watched import ProgramThread
 
 __all__ = ["RUNNING", "IN_JAX", "WAITING", "AT_EXIT", "MAIN_IDLE_SHARE",
-           "Recorder", "MainThreadRecorder", "spans_every_process", "calls_into_jax",
+           "Recorder", "ProgramThreadRecorder", "spans_every_process", "calls_into_jax",
            "inside_jax", "at_service_wait",
            "stack_top", "program_stack_top", "format_stacks"]
 
@@ -403,13 +406,15 @@ def program_stack_top(frame: Any, depth: int = 3) -> str | None:
                      for e in reversed(entries[-depth:]))
 
 
-def format_stacks(frames: dict[int, Any] | None = None) -> str:
-  """Every thread's Python stack, the main thread first."""
+def format_stacks(frames: dict[int, Any] | None = None, first: int | None = None) -> str:
+  """Every thread's Python stack: thread `first` first (default: the main
+  thread; the program's thread where it runs elsewhere), then the main one."""
   frames = current_frames() if frames is None else frames
   names = {t.ident: t.name for t in threading.enumerate()}
   main = threading.main_thread().ident
+  first = main if first is None else first
   out = []
-  for ident in sorted(frames, key=lambda i: (i != main, names.get(i, ""))):
+  for ident in sorted(frames, key=lambda i: (i != first, i != main, names.get(i, ""))):
     try:
       stack = "".join(_extract(frames[ident]).format()).rstrip()
     except (AttributeError, TypeError):  # Torn down under us (see inside_jax).
@@ -418,28 +423,34 @@ def format_stacks(frames: dict[int, Any] | None = None) -> str:
   return "\n".join(out)
 
 
-def _main_thread_cpu() -> Callable[[], float] | None:
-  """The main thread's own CPU seconds, where the platform has a clock for it."""
-  try:
-    clock = time.pthread_getcpuclockid(threading.main_thread().ident)  # type: ignore[arg-type]
-    time.clock_gettime(clock)
-  except (AttributeError, OSError, TypeError):
-    return None
-  return lambda: time.clock_gettime(clock)
-
-
 class Recorder:
-  """What this client's main thread is doing, as the heartbeat asks it (the
-  production one is `MainThreadRecorder`); by default, running its own
-  code, or at exit once `at_exit` is set.
+  """What this client's program thread is doing, as the heartbeat asks it
+  (the production one is `ProgramThreadRecorder`); by default, running its
+  own code, or at exit once `at_exit` is set.
 
   Attributes:
     at_exit: Set once the script has ended normally.
-    active: Whether the main thread ran since the last sample (its CPU
-      time moved), rather than blocked for the whole of it.
+    active: Whether the thread ran since the last sample (its CPU time
+      moved), rather than blocked for the whole of it.
+    program: The thread watched (`jdtensor.heartbeat.watched.ProgramThread`).
   """
   at_exit = False
   active = True
+  program: ProgramThread | None = None
+
+  @property
+  def label(self) -> str:
+    """The watched thread, for people: ``main thread``, ``thread 'X'``."""
+    return "main thread" if self.program is None else self.program.label
+
+  def stacks(self) -> str:
+    """Every thread's stack, the watched thread's first."""
+    return format_stacks(first=None if self.program is None else self.program.ident)
+
+  def said_where(self) -> str:
+    """Where the thread is, for a verdict's words: ``main thread in
+    train.py:40 main`` (``thread 'TrainingThread' in ...`` elsewhere)."""
+    return f"{self.label} in {self.where()}"
 
   def sample(self, busy: float = 0.0, idle_percent: float = 0.0,
              moving: bool = False) -> tuple[int, float]:
@@ -463,27 +474,35 @@ class Recorder:
     return None if self.at_exit else "(not recorded)"
 
 
-class MainThreadRecorder(Recorder):
-  """Samples the main thread's phase; tracks since when it has been in it.
+class ProgramThreadRecorder(Recorder):
+  """Samples the program thread's phase; tracks since when it has been in it.
 
   Args:
     num_processes: Number of clients.
     live_arrays: Returns the arrays JAX holds (``jax.live_arrays``).
-    main_frame: Returns the main thread's current frame (None if gone).
-    main_cpu: The main thread's CPU seconds (None: read its thread clock;
+    main_frame: Returns the thread's current frame (None if gone); default:
+      `program`'s.
+    main_cpu: The thread's CPU seconds (None: `program`'s thread clock;
       where there is none, the process's share decides idleness).
     clock: Monotonic seconds.
+    program: The thread to watch (default: the main thread).
   """
 
   def __init__(self, num_processes: int,
                live_arrays: Callable[[], Iterable[Any]],
                main_frame: Callable[[], Any] | None = None,
                main_cpu: Callable[[], float] | None = None,
-               clock: Callable[[], float] = time.monotonic):
+               clock: Callable[[], float] = time.monotonic,
+               program: ProgramThread | None = None):
     self.num_processes = num_processes
     self._live_arrays = live_arrays
-    self._main_frame = main_frame or _main_frame
-    self._main_cpu = main_cpu if main_cpu is not None else _main_thread_cpu()
+    self.program = program if program is not None else ProgramThread(
+        threading.main_thread())
+    watched = self.program
+    self._main_frame = main_frame or (lambda: watched.frame(current_frames()))
+    if main_cpu is None and watched.has_cpu_clock():
+      main_cpu = lambda: watched.cpu_seconds() or 0.0  # pylint: disable=unnecessary-lambda-assignment
+    self._main_cpu = main_cpu
     self._clock = clock
     self._jax_dirs: tuple[str, ...] | None = None
     self._sites = _CallSites()
@@ -523,10 +542,12 @@ class MainThreadRecorder(Recorder):
     process_idle = busy < idle_percent and not moving
     main_idle = self._main_idle(now, process_idle)
     frame = self._main_frame()
-    inside = None if self.at_exit else self.in_jax(frame)
-    self._sites.let_go(None if self.at_exit else frame)
-    if self.at_exit:
-      # Whatever its background threads still hold: its script is done.
+    at_exit = self.at_exit or (self.program is not None and self.program.ended())
+    inside = None if at_exit else self.in_jax(frame)
+    self._sites.let_go(None if at_exit else frame)
+    if at_exit:
+      # Whatever its background threads still hold: its script is done (a
+      # watched thread other than the main one: its program returned).
       phase = AT_EXIT
     elif inside is None:
       # An unreadable stack says nothing: keep the phase and its clock.
@@ -549,23 +570,26 @@ class MainThreadRecorder(Recorder):
     return at_service_wait(self._main_frame(), self._sites)
 
   def where_in_program(self) -> str | None:
-    """Where the main thread is in the program (`program_stack_top`); None
-    once its script has ended."""
+    """Where the thread is in the program (`program_stack_top`, the thread
+    named after it where it is not the main one); None once its script has
+    ended."""
     frame = self._main_frame()
     try:
-      return program_stack_top(frame)
+      where = program_stack_top(frame)
+      return where if where is None or self.label == "main thread" else (
+          f"{where} ({self.label})")
     except (AttributeError, TypeError):  # Torn down under us (see inside_jax).
-      return "(the main thread's stack could not be read)"
+      return f"(the {self.label}'s stack could not be read)"
 
   def where(self) -> str:
-    """Where the main thread is: its innermost frames."""
+    """Where the thread is: its innermost frames."""
     frame = self._main_frame()
     if frame is None:
-      return "(the main thread has ended)"
+      return f"(the {self.label} has ended)"
     try:
       return stack_top(frame)
     except (AttributeError, TypeError):  # Torn down under us (see inside_jax).
-      return "(the main thread's stack could not be read)"
+      return f"(the {self.label}'s stack could not be read)"
 
 
 def _main_frame() -> Any:

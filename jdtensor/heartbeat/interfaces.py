@@ -21,7 +21,6 @@ import numpy as np
 
 from jdtensor._report import Reason
 from jdtensor.errors import PeerFailureError
-from jdtensor.heartbeat.flight import format_stacks
 from jdtensor.heartbeat.verdicts import Decider, Outcome, Row
 
 __all__ = ["Exchange", "Peers", "ProcessHooks"]
@@ -182,10 +181,6 @@ class ProcessHooks:
   def cpu_seconds(self) -> float:
     """This process's CPU time (the busy share of each beat)."""
     return time.process_time()
-
-  def thread_stacks(self) -> str:
-    """Every thread's stack in this process (at a verdict)."""
-    return format_stacks()
 
   def bytes_moved(self, sockets: bool) -> int | None:
     """Bytes this process has read and written (files and pipes; with

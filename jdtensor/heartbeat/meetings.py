@@ -12,8 +12,10 @@ staller is that client at every step before its stall.
 `ServiceWaitWatch` sees each such call return, with ``sys.monitoring``
 (Python 3.12+): CALL events, where every call site but the service's waits
 is switched off after its first call (``DISABLE``), so a steady loop costs
-nothing; and the watch ends at the first meeting, for good. Only the main
-thread's calls count (jdtensor's own threads use the service too). On
+nothing; and the watch ends at the first meeting, for good. Only the calls of
+the thread that runs the program count (the main thread, or the one
+`jdtensor.heartbeat.watched` names): jdtensor's own threads use the service
+too. On
 Python 3.11, or where no tool id is free, it does not start, and only the
 device collectives say a client is past its set-up.
 
@@ -30,6 +32,7 @@ from typing import Any
 from jdtensor import _jaxlib_texts
 from jdtensor._monitoring import claim_tool, release_tool
 from jdtensor.heartbeat.flight import IN_JAX, RUNNING, WAITING
+from jdtensor.heartbeat.watched import ProgramThread
 
 __all__ = ["ServiceWaitWatch", "JoinedQuestion"]
 
@@ -72,12 +75,18 @@ class JoinedQuestion:
 
 
 class ServiceWaitWatch:
-  """Sees the main thread come out of a coordination-service wait."""
+  """Sees the program's thread come out of a coordination-service wait.
+
+  Args:
+    program: The thread that runs the program (default: the main thread).
+  """
 
   TOOL_IDS = (4, 3)  # Free ids (`SystemExitWatch` takes the lower one first).
   TOOL_NAME = "jdtensor meetings"
 
-  def __init__(self) -> None:
+  def __init__(self, program: ProgramThread | None = None) -> None:
+    self.program = program if program is not None else ProgramThread(
+        threading.main_thread())
     self.met = False
     self._tool: int | None = None
     self._lock = threading.Lock()
@@ -97,7 +106,7 @@ class ServiceWaitWatch:
         return False
       monitoring, tool = claimed
       waits = frozenset(_jaxlib_texts.SERVICE_WAIT_CALLS.split())
-      main = threading.main_thread().ident
+      program = self.program
       disable = monitoring.DISABLE
 
       def is_wait(fn: Any) -> bool:
@@ -112,7 +121,8 @@ class ServiceWaitWatch:
 
       def returned(code: Any, offset: int, fn: Any, arg0: Any) -> None:
         del code, offset, arg0
-        if threading.get_ident() == main and is_wait(fn):
+        # Read at each call: the program may name another thread to watch.
+        if threading.get_ident() == program.ident and is_wait(fn):
           self.met = True
       events = monitoring.events
       monitoring.register_callback(tool, events.CALL, called)

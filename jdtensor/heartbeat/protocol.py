@@ -35,7 +35,7 @@ from jdtensor.heartbeat.meetings import JoinedQuestion
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING, Recorder
 from jdtensor.heartbeat.stragglers import WaitLedger
 from jdtensor.heartbeat.watchdog import Watchdog
-from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
+from jdtensor.heartbeat.verdicts import (ALL_WAITING, DEADLOCK, EARLY_EXIT, FIRST_TOKENS,
                                          IDLE_PERCENT, MOVING_BYTES_PER_SECOND,
                                          OUT_OF_SYNC, STALLED,
                                          BeatLayout, Decider, Outcome, Row, StallTimeout,
@@ -70,7 +70,7 @@ class Heartbeat:
     peers: The other clients (the liveness links); None reaches nobody.
     process: This process's hooks; None: `ProcessHooks` (exits for real).
     recorder: The main-thread recorder
-      (`jdtensor.heartbeat.flight.MainThreadRecorder`); None: `Recorder`
+      (`jdtensor.heartbeat.flight.ProgramThreadRecorder`); None: `Recorder`
       (always running).
   """
 
@@ -99,7 +99,7 @@ class Heartbeat:
                                         settings.stall_learn),
                            WaitLedger(num_clients, settings.straggler_window,
                                       settings.straggler_threshold, self.period),
-                           self._process.clock)
+                           self._process.clock, settings.deadlock_timeout)
     stall = self.decider.stall
     self._joined = JoinedQuestion(self._store.joined_collective, self._process.clock,
                                   stall.floor if stall.learn else self.stall_timeout)
@@ -158,9 +158,6 @@ class Heartbeat:
   def waits(self) -> WaitLedger:
     """The waiting ledger (kept where the beats are decided)."""
     return self.decider.waits
-
-  def _since_last_beat(self) -> float:
-    return self._process.clock() - self._last_beat
 
   # -- the beat thread ----------------------------------------------------------
 
@@ -334,20 +331,20 @@ class Heartbeat:
 
   def _straggler(self, client: int, share: float, beat: int) -> None:
     """Logs, once on every client, that the others wait for `client`, with
-    where its main thread is (it shares it; the others fetch it off the beat
+    where its program's thread is (it shares it; the others fetch it off the beat
     thread, so a beat is never held up)."""
     text = wording.straggler(client, share, self.decider.waits.window)
     self._process.trace_event("straggler", text)
     key = f"straggler/{client}/{beat}"
     if client == self.client_id:
-      where = self.recorder.where()
+      where = self.recorder.said_where()
       self._store.share(key, where)
-      logging.warning("%s (main thread in %s)", text, where)
+      logging.warning("%s (%s)", text, where)
       return
 
     def fetch_and_log() -> None:
-      where = self._store.fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
-      logging.warning("%s (main thread in %s)", text, where)
+      where = self._store.fetch(key, ROLL_CALL_GRACE) or "its stack did not arrive"
+      logging.warning("%s (%s)", text, where)
     if start_daemon(fetch_and_log, "jdtensor-heartbeat-straggler") is None:
       logging.warning("%s", text)  # The interpreter is shutting down: no fetch.
 
@@ -360,7 +357,7 @@ class Heartbeat:
             "own": list(self.own_state) if self.own_state is not None else None,
             **self.decider.status(),
             "window": waits.window, "threshold": waits.threshold,
-            "where": self.recorder.where()}
+            "where": self.recorder.where(), "thread": self.recorder.label}
 
   def clients(self, what: str) -> list[int] | None:
     """`Decider.clients(what)` from the last beat: this client's decider's
@@ -387,14 +384,16 @@ class Heartbeat:
     elif verdict.kind == STALLED:
       key, staller = f"stall/{beat}", verdict.culprits[0]
       if staller == me:
-        where = self.recorder.where()
+        where = self.recorder.said_where()
         self._store.share(key, where)
       else:
         where = self._store.fetch(key, ROLL_CALL_GRACE) or "(its stack did not arrive)"
       self._fail(failures.stalled(verdict, me, n, where, self.decider.stall))
+    elif verdict.kind == DEADLOCK:
+      self._fail(failures.deadlock(verdict, n))
     elif verdict.kind == ALL_WAITING:
       failure = failures.every_client_waiting(me, n, self.stall_timeout,
-                                              self.recorder.where())
+                                              self.recorder.said_where())
       if self.stall_kill_all_waiting:
         self._fail(failure)
       else:
@@ -425,7 +424,8 @@ class Heartbeat:
     ones that do not answer."""
     present = self._store.roll_call(beat, ROLL_CALL_GRACE)
     self._fail(failures.missed(self.client_id, self.num_clients, beat, waited, detail,
-                               present, self._since_last_beat(), self.departed))
+                               present, self._process.clock() - self._last_beat,
+                               self.departed))
 
   # -- failure ------------------------------------------------------------------
 
@@ -500,7 +500,7 @@ class Heartbeat:
     where = self.recorder.where_in_program()
     if where is None:
       phase, where = AT_EXIT, "its script has ended (in jdtensor's exit handling)"
-    return phase, where, self._process.thread_stacks()
+    return phase, where, self.recorder.stacks()
 
   def _show_stacks(self) -> None:
     """Where this client was at the verdict (every client shows its own): as
@@ -522,7 +522,7 @@ class Heartbeat:
     if self.stopped.is_set() and self.failure is None:
       return  # We already stopped by agreement; a late exit is not a failure.
     beat = None if self._exchange is None else self._exchanged + 1  # None: no beats.
-    self._fail(failures.peer_died(client, how, beat, self._since_last_beat()))
+    self._fail(failures.peer_died(client, how, beat, self._process.clock() - self._last_beat))
 
   def peer_reported(self, clients: list[int], reason: Reason) -> None:
     """Another client (`reason.reporter`) found `clients` failed (relayed by

@@ -49,12 +49,12 @@ import numpy as np
 from jdtensor._ids import to_ranges
 from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
-from jdtensor.heartbeat.wire import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS, OUT_OF_SYNC,
+from jdtensor.heartbeat.wire import (ALL_WAITING, DEADLOCK, EARLY_EXIT, FIRST_TOKENS, OUT_OF_SYNC,
                                      STALLED, BeatLayout, Outcome, Row, Verdict,
                                      SECONDS_SLOT_SCALE, VerdictKind, from_ranges)
 
 __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "Decider", "judge",
-           "StallTimeout", "verdict_due", "STALL_SAFETY_FACTOR", "STALL_RHYTHM_STEPS", "IDLE_PERCENT", "MOVING_BYTES_PER_SECOND", "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC",
+           "StallTimeout", "verdict_due", "STALL_SAFETY_FACTOR", "STALL_RHYTHM_STEPS", "IDLE_PERCENT", "MOVING_BYTES_PER_SECOND", "EARLY_EXIT", "STALLED", "ALL_WAITING", "DEADLOCK", "OUT_OF_SYNC",
            "FIRST_TOKENS", "to_ranges", "from_ranges", "exit_grace_for"]
 
 # A client that waits in a collective counts as blocked only while its process
@@ -105,7 +105,7 @@ def stall_pattern(phases: np.ndarray, busy: np.ndarray, joined: np.ndarray,
 def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
           joined: np.ndarray, exit_grace: float, stall_timeout: float,
           all_waiting_timeout: float | None = None,
-          moved: np.ndarray | None = None) -> Verdict | None:
+          moved: np.ndarray | None = None, deadlock_timeout: float = 0.0) -> Verdict | None:
   """The verdict of one merged beat's states, if any (the token check and
   the agreed end come first: `Decider.decide`).
 
@@ -115,7 +115,11 @@ def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
     bytes moved) and past its set-up, for the stall time-out, while every
     other client has waited, idle, as long;
   * every client waiting for `all_waiting_timeout` (default: the stall
-    time-out; never the learnt one: a long computation looks the same).
+    time-out; never the learnt one): a long computation or a deadlock, said;
+  * deadlock: every client waiting, its process idle, for `deadlock_timeout`
+    (0: never). A long computation keeps its process busy (XLA's threads
+    compute on CPU: the waiter is not blocked); only a device that computes
+    while the host sleeps (a GPU, a TPU) looks the same.
   """
   if all_waiting_timeout is None:
     all_waiting_timeout = stall_timeout
@@ -129,17 +133,18 @@ def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
     # serving the coordination service, waits for it just the same).
     return Verdict(EARLY_EXIT, tuple(gone.tolist()),
                    waiting=tuple(np.flatnonzero(waiting_now).tolist()))
-  if stall_timeout <= 0:
-    return None
   # A staller runs its own code, idle, for the whole time-out, after its
   # set-up (a slow first step is not a stall); a client that computes or
   # moves bytes is slow, not stalled.
-  staller = stall_pattern(phases, busy, joined, moved)
+  staller = stall_pattern(phases, busy, joined, moved) if stall_timeout > 0 else None
   if staller is not None and stall_length(staller, seconds) >= stall_timeout:
     return Verdict(STALLED, (staller,), seconds=int(seconds[staller]),
                    timeout=stall_timeout, busy=int(busy[staller]),
                    moved=0 if moved is None else int(moved[staller]))
-  if int(np.count_nonzero(blocked & (seconds >= all_waiting_timeout))) == n:
+  if deadlock_timeout > 0 and bool(np.all(blocked & (seconds >= deadlock_timeout))):
+    return Verdict(DEADLOCK, tuple(range(n)), seconds=int(seconds.min()),
+                   timeout=deadlock_timeout)
+  if stall_timeout > 0 and bool(np.all(blocked & (seconds >= all_waiting_timeout))):
     return Verdict(ALL_WAITING, tuple(range(n)))
   return None
 
@@ -298,12 +303,16 @@ class Decider:
       (`StallTimeout`).
     ledger: The waiting ledger (stragglers).
     clock: Monotonic seconds (the waiting shares' run time).
+    deadlock_timeout: Every client idle in a collective this long is a
+      deadlock (0: never; `judge`).
   """
 
   def __init__(self, num_clients: int, exit_grace: float,
                stall_timeout: float | StallTimeout,
-               ledger: WaitLedger, clock: Callable[[], float]):
+               ledger: WaitLedger, clock: Callable[[], float],
+               deadlock_timeout: float = 0.0):
     self.num_clients = num_clients
+    self.deadlock_timeout = deadlock_timeout
     self.layout = BeatLayout(num_clients)
     self.exit_grace = exit_grace
     self.stall = (stall_timeout if isinstance(stall_timeout, StallTimeout)
@@ -355,7 +364,7 @@ class Decider:
     moved = self.layout.moved(merged)
     self.stall.observe(phases, seconds, busy, joined, self.layout.active(merged), moved)
     verdict = judge(phases, seconds, busy, joined, self.exit_grace, self.stall.current,
-                    self.stall.ceiling, moved)
+                    self.stall.ceiling, moved, self.deadlock_timeout)
     if verdict is not None and verdict.kind == STALLED and self.stall.learn:
       verdict = (dataclasses.replace(verdict, learnt=self.stall.longest or 0.0)
                  if self.stall.pause_learnt else dataclasses.replace(verdict, early=True))

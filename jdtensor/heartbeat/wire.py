@@ -27,7 +27,8 @@ __all__ = ["BeatLayout", "Row", "Verdict", "VerdictKind", "Outcome", "ROW_FRAME"
            "RollCall", "Present", "Ask", "Answer", "Shared", "Clock", "Now", "BeatNow",
            "ExchangeMessage",
            "read_exchange",
-           "EARLY_EXIT", "STALLED", "ALL_WAITING", "OUT_OF_SYNC", "FIRST_TOKENS"]
+           "EARLY_EXIT", "STALLED", "ALL_WAITING", "DEADLOCK", "OUT_OF_SYNC",
+           "FIRST_TOKENS"]
 
 # The phase slot's bits that hold the phase itself (`jdtensor.heartbeat.flight`).
 PHASE_BITS = 7
@@ -49,13 +50,14 @@ class VerdictKind(str, enum.Enum):
   EARLY_EXIT = "early_exit"  # Clients at exit while others wait for them.
   STALLED = "stalled"  # One client idle in its own code, everyone else waiting.
   ALL_WAITING = "all_waiting"  # Every client waits: a long computation or a deadlock.
+  DEADLOCK = "deadlock"  # Every client idle in a collective for the deadlock time-out.
   OUT_OF_SYNC = "out_of_sync"  # Slots without the cluster's token (a restart).
   FIRST_TOKENS = "first_tokens"  # The first beat did not spread client 0's token.
 
 
-EARLY_EXIT, STALLED, ALL_WAITING, OUT_OF_SYNC, FIRST_TOKENS = (
+EARLY_EXIT, STALLED, ALL_WAITING, DEADLOCK, OUT_OF_SYNC, FIRST_TOKENS = (
     VerdictKind.EARLY_EXIT, VerdictKind.STALLED, VerdictKind.ALL_WAITING,
-    VerdictKind.OUT_OF_SYNC, VerdictKind.FIRST_TOKENS)
+    VerdictKind.DEADLOCK, VerdictKind.OUT_OF_SYNC, VerdictKind.FIRST_TOKENS)
 
 
 class BeatLayout:
@@ -185,15 +187,18 @@ class Verdict:
   """A failure every client names the same way.
 
   Attributes:
-    kind: `EARLY_EXIT`, `STALLED`, `ALL_WAITING`, `OUT_OF_SYNC` or
-      `FIRST_TOKENS`.
-    culprits: The clients named (every client, for `ALL_WAITING`).
-    seconds: For `STALLED`: how long the staller ran its own code.
+    kind: `EARLY_EXIT`, `STALLED`, `ALL_WAITING`, `DEADLOCK`, `OUT_OF_SYNC`
+      or `FIRST_TOKENS`.
+    culprits: The clients named (every client, for `ALL_WAITING` and
+      `DEADLOCK`).
+    seconds: For `STALLED`: how long the staller ran its own code; for
+      `DEADLOCK`: how long every client has waited, idle.
     waiting: For `EARLY_EXIT`: the clients waiting in a collective.
     tokens: For `OUT_OF_SYNC`: each culprit's token, in `culprits`' order;
       for `FIRST_TOKENS`: every token slot.
     cluster_token: For `OUT_OF_SYNC` and `FIRST_TOKENS`: the cluster's token.
-    timeout: For `STALLED`: the stall time-out it was named under, seconds.
+    timeout: For `STALLED`: the stall time-out it was named under, seconds;
+      for `DEADLOCK`: the deadlock time-out.
     learnt: For `STALLED` under a learnt time-out: the longest idle pause
       it was learnt from, seconds; None under the set time-out.
     early: For `STALLED` with learning on: the pause began before the run

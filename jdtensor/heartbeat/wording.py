@@ -57,7 +57,7 @@ def stalled(staller: int, where: str, seconds: int, waiters: Sequence[int], *,
   elif early:
     how = (f" (stall time-out {timeout:g} s, JDTENSOR_STALL_TIMEOUT: the pause began "
            "before the run had shown its rhythm, so no learnt time-out applied)")
-  return Reason(f"client {staller} stalled: main thread in {where} for {seconds} s, "
+  return Reason(f"client {staller} stalled: {where} for {seconds} s, "
                 f"idle ({busy}% of a core, {rate_text(moved)} read or written), while "
                 f"{names(waiters)} {_verb(waiters, 'waits', 'wait')} in a "
                 f"collective{how}", (staller,))
@@ -67,7 +67,16 @@ def every_client_waiting(stall_timeout: float, me: int, where: str) -> Reason:
   """Every client in a collective for the stall time-out."""
   return Reason(f"every client has waited in a collective for {int(stall_timeout)} s "
                 "or more: a long computation, or a deadlock (clients that issued "
-                f"different collectives); this client ({me}): main thread in {where}")
+                f"different collectives); this client ({me}): {where}")
+
+
+def deadlock(seconds: int, timeout: float) -> Reason:
+  """Every client idle in a collective for the deadlock time-out (where each
+  waits: the stacks shown under the verdict)."""
+  return Reason(f"every client has waited in a collective for {seconds} s with its "
+                "process idle: a deadlock (clients that issued different collectives, "
+                "or a collective one of them never reaches); the run ends after "
+                f"JDTENSOR_DEADLOCK_TIMEOUT ({timeout:g} s; 0 only warns)")
 
 
 def wrong_sum(beat: int, me: int, sent: int, held: int, cluster_token: int) -> Reason:

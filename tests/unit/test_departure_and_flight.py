@@ -183,7 +183,7 @@ def recorder(arrays=(), frame=None, main_cpu=None, jax_dirs=("/site/jax/",)):
   """A recorder over fakes: `now[0]` is the clock, `cpu[0]` the main thread's
   CPU seconds."""
   now, cpu = [10.0], [0.0]
-  rec = flight.MainThreadRecorder(2, lambda: arrays, lambda: frame[0] if frame else None,
+  rec = flight.ProgramThreadRecorder(2, lambda: arrays, lambda: frame[0] if frame else None,
                                    main_cpu=lambda: cpu[0], clock=lambda: now[0])
   rec._jax_dirs = jax_dirs
   return rec, now, cpu

@@ -28,24 +28,24 @@ CASES = [
      (1, 3), PEER, True, 0.0,
      "clients 1, 3 exited (code 0) while the others were still running (clients "
      "0, 2 wait in a collective)"),
-    ("stalled, seen by another", failures.stalled(STALL, 0, 3, "data.py:88 next",
+    ("stalled, seen by another", failures.stalled(STALL, 0, 3, "main thread in data.py:88 next",
                                                   StallTimeout(300.0)),
      (1,), PEER, True, failures.CULPRIT_EXIT_GRACE,
      "client 1 stalled: main thread in data.py:88 next for 301 s, idle (0% of a core, 0 B/s "
      "read or written), while clients 0, 2 "
      "wait in a collective"),
-    ("stalled, the staller itself", failures.stalled(STALL, 1, 3, "data.py:88 next",
+    ("stalled, the staller itself", failures.stalled(STALL, 1, 3, "main thread in data.py:88 next",
                                                      StallTimeout(300.0)),
      (1,), OWN, True, failures.CULPRIT_EXIT_GRACE,
      "client 1 stalled: main thread in data.py:88 next for 301 s, idle (0% of a core, 0 B/s "
      "read or written), while clients 0, 2 "
      "wait in a collective"),
-    ("stalled, learnt", failures.stalled(LEARNT, 0, 2, "t.py:5 f",
+    ("stalled, learnt", failures.stalled(LEARNT, 0, 2, "main thread in t.py:5 f",
                                          StallTimeout(300.0, 30.0, True)),
      (1,), PEER, True, failures.CULPRIT_EXIT_GRACE,
-     wording.stalled(1, "t.py:5 f", 35, [0], timeout=30.0, learnt=0.8, floor=30.0,
+     wording.stalled(1, "main thread in t.py:5 f", 35, [0], timeout=30.0, learnt=0.8, floor=30.0,
                      ceiling=300.0).detail),
-    ("every client waiting", failures.every_client_waiting(1, 3, 300.0, "t.py:5 g"),
+    ("every client waiting", failures.every_client_waiting(1, 3, 300.0, "main thread in t.py:5 g"),
      (0, 1, 2), PEER, True, 0.0,
      "every client has waited in a collective for 300 s or more: a long computation, "
      "or a deadlock (clients that issued different collectives); this client (1): "

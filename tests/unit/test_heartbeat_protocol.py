@@ -15,7 +15,7 @@ import pytest
 
 from jdtensor import _env, heartbeat
 from jdtensor._report import Reason
-from jdtensor.heartbeat import protocol, verdicts
+from jdtensor.heartbeat import flight, protocol, verdicts
 from jdtensor.heartbeat.failures import Failure
 from jdtensor.heartbeat.interfaces import Exchange, Peers, ProcessHooks
 from jdtensor.heartbeat.leaving import WayOut
@@ -181,7 +181,7 @@ def beat(period, policy, me, n, exchange=None, **kwargs):
                              **kwargs)
 
 
-class Recorder:
+class Recorder(flight.Recorder):
   """A scripted main thread: `phase` and `seconds` are what the beat says."""
   active = True  # Its main thread ran (each beat is a step).
 
@@ -371,7 +371,7 @@ def judge(n, states, period=1.0, stall=300.0, kill_all=False, me=0, joined=None)
   """The verdict client `me` reaches from one merged beat of (phase, s, busy)."""
   shared = Store(SumExchange(n))
   if me != 1:
-    shared.share("stall/0", "data.py:88 next_batch <- train.py:40 main")
+    shared.share("stall/0", "main thread in data.py:88 next_batch <- train.py:40 main")
   hb = beat(period, "log", me, n, Echo(shared), stall_timeout=stall,
             stall_kill_all_waiting=kill_all,
             recorder=Recorder("data.py:88 next_batch <- train.py:40 main"))

@@ -139,11 +139,14 @@ def test_after_start_up_the_coordination_timeout_in_force_is_fixed():
     ({"JDTENSOR_STALL_KILL_ALL_WAITING": "maybe"},
      "JDTENSOR_STALL_KILL_ALL_WAITING='maybe' is not a boolean; use one of "
      "true/false, 1/0 or yes/no (any case), or unset it for the default."),
+    ({"JDTENSOR_DEADLOCK_TIMEOUT": "10m"},
+     "JDTENSOR_DEADLOCK_TIMEOUT='10m' must be 0 (off) or a number of seconds from 1 "
+     "to 604800."),
     ({COORDINATION: "0"},
      "JDTENSOR_COORDINATION_TIMEOUT='0' must be a number of seconds above 0 and at "
      "most 604800 (a week)."),
 ], ids=["period-huge", "period-tiny", "stuck-inf", "stall-nan", "kill-all-bool",
-        "coordination-zero"])
+        "deadlock-unit", "coordination-zero"])
 def test_heartbeat_settings_are_strict(env, message):
   with pytest.raises(ConfigError) as e:
     _env.read_heartbeat_and_coordination(env)
@@ -154,8 +157,9 @@ def test_heartbeat_settings_defaults_and_agreement_keys():
   s = _env.read_heartbeat_settings({"JDTENSOR_STALL_TIMEOUT": "0", PERIOD: "40"})
   assert (s.period, s.policy, s.stuck_timeout, s.stall_timeout) == (40, "terminate",
                                                                    80, 0)
+  assert s.deadlock_timeout == 600
   assert sorted(s.handshake()) == [
-      "JDTENSOR_HEARTBEAT_PERIOD", "JDTENSOR_HEARTBEAT_POLICY", "JDTENSOR_STALL_FLOOR",
+      "JDTENSOR_DEADLOCK_TIMEOUT", "JDTENSOR_HEARTBEAT_PERIOD", "JDTENSOR_HEARTBEAT_POLICY", "JDTENSOR_STALL_FLOOR",
       "JDTENSOR_STALL_KILL_ALL_WAITING", "JDTENSOR_STALL_LEARN", "JDTENSOR_STALL_TIMEOUT",
       "JDTENSOR_STRAGGLER_THRESHOLD", "JDTENSOR_STRAGGLER_WINDOW",
       "JDTENSOR_STUCK_TIMEOUT"]

@@ -14,27 +14,37 @@ CASES = [
     ("early exit, one waiter", wording.early_exit([1, 2], [0]), Reason(
         "clients 1, 2 exited (code 0) while the others were still running (client 0 "
         "waits in a collective)", (1, 2))),
-    ("stalled", wording.stalled(2, "data.py:88 next_batch", 4, [0, 1, 3]), Reason(
+    ("stalled", wording.stalled(2, "main thread in data.py:88 next_batch", 4, [0, 1, 3]), Reason(
         "client 2 stalled: main thread in data.py:88 next_batch for 4 s, idle (0% of a "
         "core, 0 B/s read or written), while clients 0, 1, 3 wait in a collective",
         (2,))),
-    ("stalled, learnt", wording.stalled(1, "t.py:5 f", 61, [0], timeout=60.0, learnt=0.5,
+    ("stalled, learnt", wording.stalled(1, "main thread in t.py:5 f", 61, [0], timeout=60.0, learnt=0.5,
                                         floor=60.0, ceiling=300.0, busy=2, moved=3000),
      Reason("client 1 stalled: main thread in t.py:5 f for 61 s, idle (2% of a core, "
             "2.9 KiB/s read or written), while client 0 waits in a collective (stall "
             "time-out 60 s, learnt from this run: 5 x its longest idle pause, 0.5 s, at "
             "least 60 s; JDTENSOR_STALL_TIMEOUT 300 s is the ceiling, "
             "JDTENSOR_STALL_LEARN=false turns learning off)", (1,))),
-    ("stalled before the rhythm", wording.stalled(1, "t.py:5 f", 300, [0, 2],
+    ("stalled before the rhythm", wording.stalled(1, "main thread in t.py:5 f", 300, [0, 2],
                                                   timeout=300.0, early=True),
      Reason("client 1 stalled: main thread in t.py:5 f for 300 s, idle (0% of a core, "
             "0 B/s read or written), while clients 0, 2 wait in a collective (stall "
             "time-out 300 s, JDTENSOR_STALL_TIMEOUT: the pause began before the run had "
             "shown its rhythm, so no learnt time-out applied)", (1,))),
-    ("every client waiting", wording.every_client_waiting(300.0, 1, "train.py:9 step"),
+    ("stalled on a worker thread", wording.stalled(
+        2, "thread 'TrainingThread' in train.py:12 loop", 9, [0, 1]), Reason(
+        "client 2 stalled: thread 'TrainingThread' in train.py:12 loop for 9 s, idle (0% "
+        "of a core, 0 B/s read or written), while clients 0, 1 wait in a collective",
+        (2,))),
+    ("every client waiting", wording.every_client_waiting(300.0, 1, "main thread in train.py:9 step"),
      Reason("every client has waited in a collective for 300 s or more: a long "
             "computation, or a deadlock (clients that issued different collectives); "
             "this client (1): main thread in train.py:9 step")),
+    ("deadlock", wording.deadlock(601, 600.0), Reason(
+        "every client has waited in a collective for 601 s with its process idle: a "
+        "deadlock (clients that issued different collectives, or a collective one of "
+        "them never reaches); the run ends after JDTENSOR_DEADLOCK_TIMEOUT (600 s; 0 "
+        "only warns)")),
     ("wrong sum", wording.wrong_sum(7, 1, 40, 41, 40), Reason(
         "beat 7 returned a wrong sum: this client (1) sent token 40 but its slot holds "
         "41 (the cluster's token: 40)")),

@@ -14,7 +14,7 @@ from jdtensor._env import HeartbeatSettings
 from jdtensor._report import Reason
 from jdtensor._wire import encode, encode_binary
 from jdtensor.heartbeat.exchange import ROW_FRAME, LinkExchange
-from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING
+from jdtensor.heartbeat.flight import AT_EXIT, RUNNING, WAITING, Recorder
 from jdtensor.heartbeat.interfaces import ProcessHooks
 from jdtensor.heartbeat.protocol import Heartbeat
 from jdtensor.heartbeat.stragglers import WaitLedger
@@ -516,7 +516,7 @@ def test_client_0_tells_every_client_when_a_culprit_has_ended(star):
   assert sent == [{"failed": [1], "why": "client 1 left", "subject": [], "by": 0}]
 
 
-class _StandIn:
+class _StandIn(Recorder):
   """A main thread in one phase since `since` (wall time; None: not yet)."""
   at_exit, joined, active = False, True, True
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from jdtensor._wire import Frames, encode, encode_binary
 from jdtensor.heartbeat.flight import AT_EXIT, IN_JAX, RUNNING, WAITING
 from jdtensor.heartbeat.stragglers import WaitLedger
-from jdtensor.heartbeat.verdicts import (ALL_WAITING, EARLY_EXIT, FIRST_TOKENS,
+from jdtensor.heartbeat.verdicts import (ALL_WAITING, DEADLOCK, EARLY_EXIT, FIRST_TOKENS,
                                          MOVING_BYTES_PER_SECOND,
                                          OUT_OF_SYNC, STALLED, BeatLayout, Decider,
                                          Outcome, Row, StallTimeout, Verdict, from_ranges, judge,
@@ -44,6 +44,32 @@ def _judge(states, joined=None, exit_grace=3.0, stall=300.0):
         "all-waiting"])
 def test_judge(states, joined, stall, expected):
   assert _judge(states, joined, stall=stall) == expected
+
+
+@pytest.mark.parametrize("states, stall, expected", [
+    # Every client idle in a collective for the deadlock time-out (600 s).
+    ([(W, 600, 1), (W, 605, 0), (W, 700, 2)], 300,
+     Verdict(DEADLOCK, (0, 1, 2), seconds=600, timeout=600)),
+    ([(W, 600, 1), (W, 605, 0)], 0, Verdict(DEADLOCK, (0, 1), seconds=600, timeout=600)),
+    # Before it: the warning at the stall time-out's ceiling, no failure.
+    ([(W, 599, 1), (W, 605, 0)], 300, Verdict(ALL_WAITING, (0, 1))),
+    ([(W, 599, 1), (W, 605, 0)], 0, None),
+    # A long computation: XLA's threads keep the waiter's process busy (CPU),
+    # or the main thread computes inline (inside JAX, busy): never a deadlock.
+    ([(W, 9000, 90), (W, 9000, 100)], 300, None),
+    ([(W, 9000, 1), (W, 9000, 100)], 300, None),
+    ([(J, 9000, 100), (J, 9000, 100)], 300, None),
+    # One client in its own code: a stall (its own verdict), not a deadlock.
+    ([(W, 9000, 1), (R, 9000, 90)], 300, None),
+], ids=["deadlock", "deadlock-stall-off", "warned-first", "stall-off-no-warning",
+        "computing", "one-computing", "computing-inline", "one-runs-its-code"])
+def test_every_client_idle_in_a_collective_for_the_deadlock_time_out(states, stall,
+                                                                      expected):
+  """A deadlock and a long computation are told apart by the process's CPU:
+  a waiter whose process computes (on CPU, XLA's threads) is not blocked."""
+  phases, seconds, busy = (np.array(v) for v in zip(*states))
+  assert judge(phases, seconds, busy, np.ones(len(states), bool), 3.0, stall,
+               deadlock_timeout=600.0) == expected
 
 
 @pytest.mark.parametrize("states, stall, due", [
