@@ -186,8 +186,10 @@ def get_parser() -> argparse.ArgumentParser:
       "Processes of different hosts or containers that had the same pid keep "
       "tracks of their own.")
   trace.add_argument("paths", nargs="+", metavar="PATH",
-                     help="a JDTENSOR_TRACE_DIR (its client-*.json files), or a trace "
-                     "file (one node's --trace, or one client's file)")
+                     help="a JDTENSOR_TRACE_DIR (its client-*.json files), the folder "
+                     "a `jdtensor launch --trace` keeps its parts in while it runs "
+                     "(it says which; the launcher's file too), or a trace file (one "
+                     "node's --trace, or one client's file)")
   trace.add_argument("-o", "--out", default=None, metavar="FILE",
                      help="where to write the trace (default DIR/run.json for one "
                      "DIR; needed otherwise)")
@@ -195,21 +197,28 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def _trace_command(args: argparse.Namespace) -> int:
-  import glob  # pylint: disable=g-import-not-at-top
   from jdtensor import _trace  # pylint: disable=g-import-not-at-top
+  from jdtensor.launcher import trace as run_trace  # pylint: disable=g-import-not-at-top
 
   def refuse(why: str) -> int:
     print(f"jdtensor trace: {why}", file=sys.stderr)
     return 2
+  paths: list[str | tuple[str, ...]] = []
   files: list[str] = []
   for path in args.paths:
     if os.path.isdir(path):
-      found = sorted(glob.glob(os.path.join(path, "client-*.json")))
+      found = run_trace.parts(path)
       if not found:
-        return refuse(f"no client trace in {path} (client-<id>-<pid>.json, written "
-                      "by clients started with JDTENSOR_TRACE_DIR set)")
+        return refuse(f"no trace parts in {path} (client-<id>-<pid>.json, written by "
+                      "clients started with JDTENSOR_TRACE_DIR set, or launcher-<node>"
+                      ".json, by `jdtensor launch --trace`)")
+      # A launcher's folder is one host's: its file puts each client's end on
+      # the client's track, so their pids are one space.
+      one_host = any(os.path.basename(f).startswith("launcher-") for f in found)
+      paths += [tuple(found)] if one_host else found
       files += found
     elif os.path.isfile(path):
+      paths.append(path)
       files.append(path)
     else:
       return refuse(f"{path} is neither a folder nor a file (give a JDTENSOR_TRACE_DIR, "
@@ -217,11 +226,17 @@ def _trace_command(args: argparse.Namespace) -> int:
   one_dir = len(args.paths) == 1 and os.path.isdir(args.paths[0])
   if args.out is None and not one_dir:
     return refuse(f"say where the trace of {' '.join(args.paths)} goes: -o FILE")
-  out = args.out or os.path.join(args.paths[0], "run.json")
+  out = args.out if args.out is not None else os.path.join(args.paths[0], "run.json")
+  why = run_trace.check_writable(out)
+  if why is not None:
+    return refuse(f"cannot write the trace to {out!r}: {why}")
   try:
-    count = _trace.merge(files, out, {"jdtensor": {
+    count = _trace.merge(paths, out, {"jdtensor": {
         "clock": "client 0's (microseconds of time.time())",
         "residuals_s": _trace.residuals(files)}})
+  except _trace.TraceError as e:
+    return refuse(f"{e}; give what jdtensor wrote (a JDTENSOR_TRACE_DIR, or the trace "
+                  "of `jdtensor launch --trace` or `jdtensor trace`)")
   except OSError as e:
     print(f"jdtensor trace: cannot write {out}: {e.strerror}", file=sys.stderr)
     return 1
@@ -252,6 +267,8 @@ def _launch(args: argparse.Namespace) -> int:
   from jdtensor import _env  # pylint: disable=g-import-not-at-top
   from jdtensor.errors import ConfigError  # pylint: disable=g-import-not-at-top
   extra = {}
+  if _empty_trace("launch", args.trace):
+    return 2
   if args.log_only and args.log_dir is None:
     print("jdtensor launch: --log-only needs --log-dir DIR (where the clients' "
           "output goes instead of the console)", file=sys.stderr)
@@ -300,8 +317,20 @@ def _launch(args: argparse.Namespace) -> int:
   return code
 
 
+def _empty_trace(command: str, path: str | None) -> bool:
+  """Says so where ``--trace ''`` was given (the launcher checks the rest of
+  what can be wrong with the path before any client starts)."""
+  if path != "":
+    return False
+  print(f"jdtensor {command}: --trace '': the file name is empty; give the file the "
+        "run's trace goes to, e.g. --trace run.json", file=sys.stderr)
+  return True
+
+
 def _demo(args: argparse.Namespace) -> int:
   from jdtensor import launcher  # pylint: disable=g-import-not-at-top
+  if _empty_trace("demo", args.trace):
+    return 2
   print(f"jdtensor demo: {_DEMO_CLIENTS} clients x {_DEMO_DEVICES} CPU devices, "
         "mesh batch=4 x model=2", flush=True)
   command = [sys.executable, "-m", "jdtensor", _DEMO_CLIENT, "--steps", str(args.steps)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 from jdtensor import _jaxlib_texts
@@ -330,6 +330,21 @@ _DEFAULT_BARRIER_TIMEOUT_MS = 24 * 60 * 60 * 1000
 _MAX_BARRIER_TIMEOUT_MS = 2**31 - 1
 
 
+def _barrier_devices(mesh: object) -> tuple[list[Any], int]:
+  """The devices of `mesh` (a jdtensor `Mesh` or a JAX ``Mesh``), in order,
+  and the mesh's size."""
+  if isinstance(mesh, Mesh):
+    return list(mesh.jax_mesh.devices.flat), mesh.size
+  import jax  # pylint: disable=g-import-not-at-top
+  if isinstance(mesh, jax.sharding.Mesh):
+    return list(mesh.devices.flat), int(mesh.devices.size)
+  kind = type(mesh)
+  name = kind.__qualname__ if kind.__module__ == "builtins" else (
+      f"{kind.__module__}.{kind.__qualname__}")
+  raise TypeError(f"barrier's mesh must be a jdtensor Mesh (jdtensor.create_distributed_mesh)"
+                  f" or a JAX jax.sharding.Mesh with devices (jax.make_mesh), got {name}")
+
+
 def _check_barrier_timeout(timeout_in_ms: object) -> int:
   """`barrier`'s time-out: None (24 h, DTensor's default) or a positive int.
 
@@ -350,7 +365,7 @@ def _check_barrier_timeout(timeout_in_ms: object) -> int:
   return int(timeout_in_ms)
 
 
-def barrier(mesh: Mesh, barrier_name: str | None = None,
+def barrier(mesh: Any, barrier_name: str | None = None,
             timeout_in_ms: int | None = None) -> None:
   """Blocks until every client reaches this point (DTensor's ``barrier``).
 
@@ -361,16 +376,20 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
   it forever; here it raises `BarrierTimeoutError`.)
 
   Args:
-    mesh: The mesh whose devices take part.
+    mesh: The mesh whose devices take part: a jdtensor `Mesh`, or a JAX
+      ``jax.sharding.Mesh`` (``jax.make_mesh(...)``).
     barrier_name: Name for logs and the barrier id; default ``(barrier)``.
     timeout_in_ms: Coordination barrier time-out, an int of milliseconds from
       1 to 2**31-1; default 24 h (DTensor's).
 
   Raises:
-    TypeError, ValueError: For a bad `timeout_in_ms`.
-    ValueError: DTensor's message if the all-reduce gives the wrong count.
+    TypeError: For a `mesh` of another type (a JAX ``AbstractMesh`` has no
+      devices), or a bad `timeout_in_ms`.
+    ValueError: For a bad `timeout_in_ms`; DTensor's message if the
+      all-reduce gives the wrong count.
     jdtensor.BarrierTimeoutError: If not every client arrived in time.
   """
+  devices, size = _barrier_devices(mesh)
   runtime.check_health()
   timeout_in_ms = _check_barrier_timeout(timeout_in_ms)
   if barrier_name is None:
@@ -381,14 +400,13 @@ def barrier(mesh: Mesh, barrier_name: str | None = None,
     # that never arrives then raises BarrierTimeoutError instead of leaving
     # the others blocked inside the device all-reduce.
     _wait_at_barrier(_next_barrier_id(barrier_name), timeout_in_ms)
-  devices = list(mesh.jax_mesh.devices.flat)
   me = runtime.process_index()
   ones = [np.ones([1], np.float32) for d in devices if d.process_index == me]
   value = float(interop.sum_over_devices(devices, ones)[0])
-  if value != mesh.size:
+  if value != size:
     # DTensor-compatible message.
     raise ValueError("Global barrier produced wrong mesh size : {0} while mesh "
-                     "has actualsize : {1}".format(value, mesh.size))
+                     "has actualsize : {1}".format(value, size))
   logging.info("finished running barrier across all clients after op: %s",
                barrier_name)
 

@@ -109,9 +109,10 @@ class ClientProcess(ProcessHooks):
     self._trace: _trace.PhaseSlices | None = None
     self._trace_lock = threading.Lock()
 
-  def _trace_meta(self, **clock: float | None) -> dict[str, Any]:
+  def _trace_meta(self) -> dict[str, Any]:
+    """Who this track is, for `jdtensor._trace.track_metadata`."""
     return {"client": self.client_id, "host": socket.gethostname(), "pid": os.getpid(),
-            "restart": _env.read_restart_count(), **clock}
+            "restart": _env.read_restart_count()}
 
   def trace_open(self) -> None:
     pid = os.getpid()
@@ -120,8 +121,7 @@ class ClientProcess(ProcessHooks):
       out = _trace.TraceFile(
           os.path.join(self.trace_dir, f"client-{self.client_id}-{pid}.json"), pid,
           f"client {self.client_id} ({socket.gethostname()}, pid {pid})",
-          sort_index=self.client_id,
-          metadata=self._trace_meta(clock_offset_s=None, clock_residual_s=None))
+          sort_index=self.client_id, metadata=self._trace_meta())
     except OSError as e:
       self.tracing = False
       sys.stderr.write(f"jdtensor: client {self.client_id} cannot write its trace in "
@@ -131,14 +131,16 @@ class ClientProcess(ProcessHooks):
       self._trace = _trace.PhaseSlices(out)
 
   def trace_begin(self, offset: float, residual: float) -> None:
+    # A residual of NaN: client 0 never answered, and the offset is 0.
+    clock: dict[str, Any] = {"clock_offset_s": offset}
+    if residual == residual:
+      clock["clock_residual_s"] = residual
+    label = (f"clock: client 0's, within {residual * 1e3:.2f} ms" if residual == residual
+             else "clock: its own (client 0 did not answer)")
     with self._trace_lock:
       if self._trace is not None:
         self._trace.out.offset = offset
-        self._trace.out.write({"ph": "M", "name": "jdtensor", "pid": os.getpid(), "tid": 1,
-                               "args": self._trace_meta(
-                                   clock_offset_s=offset,
-                                   clock_residual_s=None if residual != residual
-                                   else residual)})
+        self._trace.out.labels(label, clock)
 
   def trace_beat(self, phase: int, seconds: float, joined: bool, busy: float,
                  service_wait: bool = False) -> None:

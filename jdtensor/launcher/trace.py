@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from typing import IO, cast
 
 from jdtensor import _env, _trace
+from jdtensor.launcher.output import say
 from jdtensor.launcher.spec import LaunchResult
 
-__all__ = ["RunTrace", "check_writable"]
+__all__ = ["RunTrace", "check_writable", "parts", "PART_PATTERNS"]
 
 _PREFIX = "jdtensor launch"
 # Lines that mark the whole picture (a line across every track): the
@@ -35,13 +36,31 @@ _WHOLE_RUN = ("client", "restarting", "time to recovery", "received", "stopped",
               "timed out")
 # A client's file: client-<id>-<pid>.json, or .<n>.json beside one already there.
 _CLIENT_FILE = re.compile(r"client-\d+-(\d+)(?:\.\d+)?\.json")
+# The files of a run's folder (`RunTrace.dir`, or a JDTENSOR_TRACE_DIR).
+PART_PATTERNS = ("client-*.json", "launcher-*.json")
+
+
+def parts(folder: str) -> list[str]:
+  """The trace's parts in `folder`: each client's file and each launcher's
+  (never a trace merged there, ``run.json``); an empty one (a process
+  killed as it created it) is left out."""
+  found = sorted(p for pattern in PART_PATTERNS
+                 for p in glob.glob(os.path.join(folder, pattern)))
+  return [p for p in found if os.path.isfile(p) and os.path.getsize(p) > 0]
 
 
 def check_writable(path: str) -> str | None:
-  """Why the trace cannot be written at `path`, or None."""
+  """Why the trace cannot be written at `path` (a clause that says the fix),
+  or None. The merge writes ``<path>.partial`` beside it, then renames it."""
+  if not path:
+    return "the file name is empty; give the file the trace goes to (e.g. run.json)"
   folder = os.path.dirname(os.path.abspath(path)) or "."
   if os.path.isdir(path):
     return f"{path} is a directory; give a file name (e.g. {path.rstrip('/')}/run.json)"
+  if path.endswith(("/", os.sep)):
+    return f"{path} names a folder; give a file name (e.g. {path}run.json)"
+  if os.path.exists(path) and not os.path.isfile(path):
+    return f"{path} is not a regular file; give the name of a file"
   if not os.path.isdir(folder):
     return f"its folder {folder} does not exist; create it first"
   if not os.access(folder, os.W_OK):
@@ -125,8 +144,14 @@ class RunTrace:
     return {_env.JDTENSOR_TRACE_DIR: self.dir}
 
   def watching(self, err: IO[str]) -> IO[str]:
-    """`err`, recording the launcher's own lines on its track."""
-    return cast(IO[str], _Tee(err, self))
+    """`err`, recording the launcher's own lines on its track; says first
+    where the parts are kept until the end (a killed launcher leaves them
+    there, for ``jdtensor trace DIR``)."""
+    tee = cast(IO[str], _Tee(err, self))
+    say(tee, f"{_PREFIX}: the trace's parts are in {self.dir} until the run ends "
+        f"(should this launcher be killed before, merge them with: jdtensor trace "
+        f"{self.dir})")
+    return tee
 
   def line(self, text: str) -> None:
     """A line the launcher printed, now."""
@@ -159,7 +184,7 @@ class RunTrace:
   def close(self) -> str:
     """Writes the trace; the line that says where."""
     self.own.close()
-    files = sorted(glob.glob(os.path.join(self.dir, "*.json")))
+    files = parts(self.dir)
     try:
       count = _trace.merge(files, self.path, {
           "jdtensor": {"clock": "client 0's (microseconds of time.time())",
@@ -167,6 +192,8 @@ class RunTrace:
           one_host=True)
     except OSError as e:
       return f"{_PREFIX}: the trace could not be written to {self.path} ({e.strerror})"
+    except _trace.TraceError as e:  # A client wrote something else in its file.
+      return f"{_PREFIX}: the trace could not be written to {self.path} ({e})"
     finally:
       shutil.rmtree(self.dir, ignore_errors=True)
     tracks = sum(1 for f in files if os.path.basename(f).startswith("client-"))

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from jdtensor import _trace
+
 from tests.helpers import REPO, TEST_TIMEOUTS, clean_env, free_port, pid_alive
 from jdtensor.launcher.processes import stop_process_groups
 
@@ -133,9 +135,8 @@ def test_each_nodes_trace_and_jdtensor_trace_make_one_picture(tmp_path):
   for track, name in names.items():
     if name.startswith("client "):
       assert any(e["ph"] == "B" and e["pid"] == track for e in trace["traceEvents"]), name
-  meta = [e["args"] for e in trace["traceEvents"]
-          if e["ph"] == "M" and e["name"] == "jdtensor"]
-  assert all(abs(m["clock_offset_s"]) < 0.05 for m in meta if m["clock_offset_s"] is not None)
+  meta = [m for m in _trace.track_metadata(trace["traceEvents"]).values() if "client" in m]
+  assert len(meta) == 2 and all(abs(m["clock_offset_s"]) < 0.05 for m in meta), meta
   assert len(trace["metadata"]["jdtensor"]["residuals_s"]) == 2
 
 

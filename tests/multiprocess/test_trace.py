@@ -10,12 +10,13 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from jdtensor import _trace
 from jdtensor.launcher import free_ports
-from tests.helpers import REPO, clean_env, cluster_env, finish, run_python
+from tests.helpers import REPO, clean_env, cluster_env, finish, pid_alive, run_python
 
 CLIENT = os.path.join(REPO, "tests", "multiprocess", "clients", "trace_client.py")
 PERIOD = 0.2
@@ -40,18 +41,20 @@ def traced(tmp_path_factory):
 
 def _tracks(trace):
   """pid -> (track name, the jdtensor metadata of a client's track)."""
-  names, meta = {}, {}
-  for e in trace["traceEvents"]:
-    if e["ph"] == "M" and e["name"] == "process_name":
-      names[e["pid"]] = e["args"]["name"]
-    elif e["ph"] == "M" and e["name"] == "jdtensor":
-      meta[e["pid"]] = e["args"]
+  names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+           if e["ph"] == "M" and e["name"] == "process_name"}
+  meta = {pid: m for pid, m in _trace.track_metadata(trace["traceEvents"]).items()
+          if "client" in m}
   return names, meta
 
 
 def test_the_trace_follows_the_format_and_has_a_track_per_client(traced):
   trace, err, _ = traced
+  # Strictly: a tid on every event, metadata only under the format's names.
   assert _trace.problems(trace) == []
+  assert all("tid" in e for e in trace["traceEvents"])
+  assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "M"} == {
+      "process_name", "process_sort_index", "thread_name", "process_labels"}
   names, meta = _tracks(trace)
   clients = {m["client"]: pid for pid, m in meta.items()}
   assert sorted(clients) == [0, 1, 2, 3]
@@ -61,6 +64,22 @@ def test_the_trace_follows_the_format_and_has_a_track_per_client(traced):
   assert len(launcher) == 1, names
   assert re.search(r"jdtensor launch: trace of the run in .*run\.json \([\d,]+ events, "
                    r"4 client track\(s\); open it in https://ui\.perfetto\.dev", err), err
+  for m in meta.values():  # Who each client is, and its clock, in its metadata.
+    assert set(m) == {"client", "host", "pid", "restart", "clock_offset_s",
+                      "clock_residual_s"}, m
+
+
+def test_the_launcher_says_first_where_the_traces_parts_are_kept(traced):
+  """So that after a SIGKILLed launcher they can be found and merged; at the
+  end they are gone (merged into the trace)."""
+  _, err, _ = traced
+  first = err.splitlines()[0]
+  parts = re.fullmatch(r"jdtensor launch: the trace's parts are in (\S+) until the run ends "
+                       r"\(should this launcher be killed before, merge them with: jdtensor "
+                       r"trace (\S+)\)", first)
+  assert parts is not None and parts.group(1) == parts.group(2), err
+  assert os.path.basename(parts.group(1)).startswith("jdtensor-trace-")
+  assert not os.path.exists(parts.group(1))
 
 
 def test_each_client_shows_its_phases(traced):
@@ -122,18 +141,45 @@ def test_stragglers_are_on_the_tracks_and_the_clocks_within_the_residual(traced)
   assert counters == {"cpu %", "rss MiB"}
 
 
-def test_a_trace_where_it_cannot_be_written_is_refused_before_any_client_starts(tmp_path):
+@pytest.mark.parametrize("given,said", [
+    ("{tmp}/no/run.json", "--trace {tmp}/no/run.json: cannot write the trace there: its "
+     "folder {tmp}/no does not exist; create it first."),
+    ("", "--trace '': the file name is empty; give the file the run's trace goes to, e.g. "
+     "--trace run.json"),
+    ("{tmp}", "--trace {tmp}: cannot write the trace there: {tmp} is a directory; give a "
+     "file name (e.g. {tmp}/run.json)."),
+    ("{tmp}/new/", "--trace {tmp}/new/: cannot write the trace there: {tmp}/new/ names a "
+     "folder; give a file name (e.g. {tmp}/new/run.json)."),
+    # A pipe here: never a device (/dev/null), which a regression would replace.
+    ("{tmp}/pipe", "--trace {tmp}/pipe: cannot write the trace there: {tmp}/pipe is not a "
+     "regular file; give the name of a file."),
+], ids=["missing-folder", "empty", "a-directory", "a-folder-name", "not-a-regular-file"])
+def test_a_trace_where_it_cannot_be_written_is_refused_before_any_client_starts(
+    tmp_path, given, said):
+  """Exit 2 and one line, and no client started."""
+  os.mkfifo(tmp_path / "pipe")
+  given, said = given.format(tmp=tmp_path), said.format(tmp=tmp_path)
   result = run_python(f"""
       import sys
       from jdtensor import cli
-      sys.exit(cli.main(["launch", "-n", "2", "--trace", {str(tmp_path / "no" / "run.json")!r},
+      sys.exit(cli.main(["launch", "-n", "2", "--trace", {given!r},
                          "--", sys.executable, "-c", "print('STARTED')"]))
       """, env=clean_env(), timeout=60)
   assert result.returncode == 2, result.stderr
   assert "STARTED" not in result.stdout
-  assert (f"jdtensor launch: --trace {tmp_path / 'no' / 'run.json'}: cannot write the "
-          f"trace there: its folder {tmp_path / 'no'} does not exist; create it "
-          "first.") in result.stderr
+  assert result.stderr == f"jdtensor launch: {said}\n"
+
+
+def test_the_demo_refuses_an_empty_trace_name_before_it_starts():
+  result = run_python("""
+      import sys
+      from jdtensor import cli
+      sys.exit(cli.main(["demo", "--steps", "1", "--trace", ""]))
+      """, env=clean_env(), timeout=120)
+  assert result.returncode == 2, result.stderr
+  assert result.stdout == ""
+  assert result.stderr == ("jdtensor demo: --trace '': the file name is empty; give the "
+                           "file the run's trace goes to, e.g. --trace run.json\n")
 
 
 def _own_pid_namespace() -> list[str]:
@@ -238,3 +284,73 @@ def test_a_restart_shows_as_new_tracks_after_the_restart_line(tmp_path):
   assert all(ends[p]["name"].endswith("exited (code 0)") for p in second)
   starts = [e["ts"] for e in events if e["ph"] == "B" and e["pid"] in second]
   assert min(starts) >= restart["ts"]
+
+
+def test_the_parts_a_killed_launcher_leaves_merge_with_its_own_file(tmp_path):
+  """A SIGKILLed launcher never merges its trace: it said at its start where
+  the parts are, and `jdtensor trace DIR` makes one trace of them, its own
+  track (the launcher's lines) beside its clients'."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "jdtensor", "launch", "-n", "2", "--grace", "2", "--timeout",
+       "120", "--trace", str(tmp_path / "run.json"), "--", sys.executable, CLIENT],
+      env=clean_env(JDTENSOR_HEARTBEAT_PERIOD=str(PERIOD), SETUP_SECONDS="0.2",
+                    STEPS="1000000", SLOW_SECONDS="0"),
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+      start_new_session=True)
+  parts = None
+  try:
+    first = proc.stderr.readline()
+    parts = re.fullmatch(r"jdtensor launch: the trace's parts are in (\S+) until the run "
+                         r"ends \(should this launcher be killed before, merge them with: "
+                         r"jdtensor trace \1\)\n", first)
+    assert parts is not None, first
+    folder = parts.group(1)
+    rest = threading.Thread(target=proc.stderr.read, daemon=True)  # Never a full pipe.
+    rest.start()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # Both clients in their step loop.
+      files = [os.path.join(folder, f) for f in os.listdir(folder)
+               if f.startswith("client-")]
+      if len(files) == 2 and all('"in a collective"' in Path(f).read_text() for f in files):
+        break
+      time.sleep(0.1)
+    else:
+      raise AssertionError(f"the clients never reached their steps: {os.listdir(folder)}")
+    proc.kill()
+    proc.wait(timeout=10)
+    # At once: a launch elsewhere (another test) may now remove a dead
+    # launcher's folder.
+    left = shutil.copytree(folder, tmp_path / "parts")
+    clients = [int(re.fullmatch(r"client-\d+-(\d+)\.json", os.path.basename(f)).group(1))
+               for f in files]
+    gone_by = time.monotonic() + 10
+    while any(pid_alive(p) for p in clients) and time.monotonic() < gone_by:
+      time.sleep(0.05)
+    assert not any(pid_alive(p) for p in clients)  # They died with their launcher.
+    result = run_python(f"""
+        import sys
+        from jdtensor import cli
+        sys.exit(cli.main(["trace", {str(left)!r}, "-o", {str(tmp_path / "left.json")!r}]))
+        """, env=clean_env(), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith("events from 3 file(s))\n"), result.stdout
+    trace = json.loads((tmp_path / "left.json").read_text())
+    assert _trace.problems(trace) == []
+    names, meta = _tracks(trace)
+    assert sorted(m["client"] for m in meta.values()) == [0, 1]
+    assert names[proc.pid] == f"jdtensor launch (node 0, pid {proc.pid})", names
+    said = [e["args"]["text"] for e in trace["traceEvents"]
+            if e["pid"] == proc.pid and e["ph"] == "i"]
+    assert said and said[0].startswith("jdtensor launch: the trace's parts are in "), said
+    assert not (tmp_path / "run.json").exists()  # Never merged by the launcher.
+  finally:
+    if proc.poll() is None:
+      # The launcher alone: its clients' guardians then stop them (killing
+      # its whole group at once can leave them without one).
+      proc.kill()
+      proc.wait(timeout=10)
+    if parts is not None:
+      shutil.rmtree(parts.group(1), ignore_errors=True)

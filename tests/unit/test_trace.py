@@ -65,13 +65,34 @@ def test_counters_are_written_when_they_move(tmp_path):
 
 
 def test_timestamps_are_on_client_0s_clock(tmp_path):
-  out = _file(tmp_path, offset=-2.5, metadata={"clock_residual_s": 0.001})
+  out = _file(tmp_path, offset=-2.5, metadata={"client": 1})
+  out.labels("clock: client 0's", {"clock_offset_s": -2.5, "clock_residual_s": 0.001})
   out.instant("verdict", 100.0, {"text": "client 2 stalled"})
   out.close()
   events = _events(tmp_path / "client-1-11.json")
   assert [e["ts"] for e in events if e["ph"] == "i"] == [97.5e6]
-  assert {"ph": "M", "name": "jdtensor", "pid": 11, "tid": 1,
-          "args": {"clock_residual_s": 0.001}} in events
+  assert _trace.track_metadata(events) == {
+      11: {"client": 1, "clock_offset_s": -2.5, "clock_residual_s": 0.001}}
+
+
+def test_every_event_a_track_writes_follows_the_format_strictly(tmp_path):
+  """A tid on every event (counters too), and metadata only under the
+  format's names: jdtensor's own rides in their arguments."""
+  out = _file(tmp_path, metadata={"client": 1, "host": "h", "pid": 11, "restart": 0})
+  out.labels("clock: client 0's, within 0.10 ms",
+             {"clock_offset_s": 0.0, "clock_residual_s": 0.0001})
+  slices = _trace.PhaseSlices(out)
+  slices.sample(10.0, "set-up", 1.0)
+  slices.counters(10.0, {"cpu %": 50.0, "rss MiB": 100.0})
+  out.instant("verdict", 11.0, {"text": "client 1 stalled"}, scope="g")
+  slices.end(12.0)
+  out.close()
+  events = _events(tmp_path / "client-1-11.json")
+  assert _trace.problems({"traceEvents": events}) == []
+  assert all(e["tid"] == 1 for e in events)
+  assert {e["name"] for e in events if e["ph"] == "M"} == {
+      "process_name", "process_sort_index", "thread_name", "process_labels"}
+  assert {e["ph"] for e in events} == {"M", "B", "E", "C", "i"}
 
 
 def test_a_killed_clients_slice_ends_where_it_ended_and_a_cut_line_is_skipped(tmp_path):
@@ -100,8 +121,21 @@ def test_a_killed_clients_slice_ends_where_it_ended_and_a_cut_line_is_skipped(tm
     ([{"ph": "B", "name": "a", "pid": 1, "tid": 1, "ts": 5}], "never ended"),
     ([{"ph": "B", "name": "a", "pid": 1, "tid": 1, "ts": 5},
       {"ph": "E", "pid": 1, "tid": 1, "ts": 4}], "goes back in time"),
-    ([{"ph": "C", "name": "c", "pid": 1, "ts": 5, "args": {"x": "high"}}], "without numbers"),
-    ([{"ph": "Q", "pid": 1}], "unknown phase")])
+    ([{"ph": "C", "name": "c", "pid": 1, "tid": 1, "ts": 5, "args": {"x": "high"}}],
+     "without numbers"),
+    ([{"ph": "Q", "pid": 1}], "unknown phase"),
+    ([{"ph": "C", "name": "c", "pid": 1, "ts": 5, "args": {"x": 1}}], "missing ['tid']"),
+    ([{"ph": "i", "name": "v", "pid": 1, "ts": 5, "s": "p"}], "missing ['tid']"),
+    ([{"ph": "M", "name": "jdtensor", "pid": 1, "tid": 1, "args": {"client": 0}}],
+     "metadata named \"jdtensor\", not one the format defines"),
+    ([{"ph": "M", "name": "process_name", "pid": 1, "tid": 1, "args": {}}],
+     "process_name without its name (str)"),
+    ([{"ph": "M", "name": "process_sort_index", "pid": 1, "tid": 1,
+       "args": {"sort_index": "1"}}], "process_sort_index without its sort_index (int)"),
+    ([{"ph": "i", "name": "v", "pid": 1, "tid": 1, "ts": 5, "s": "x"}], "scope \"x\""),
+    ([{"ph": "B", "name": "a", "pid": 1, "tid": "main", "ts": 5}], "tid \"main\" is not"),
+    ([{"ph": "B", "name": "a", "pid": 1, "tid": 1, "ts": "5"}], "ts \"5\" is not a number"),
+    (["x"], "is not an object")])
 def test_the_format_checker_finds_each_problem(events, problem):
   found = _trace.problems({"traceEvents": events})
   assert any(problem in p for p in found), found
@@ -268,3 +302,114 @@ def test_a_node_given_node_0s_trace_path_writes_beside_it(tmp_path, rank, given,
                            f"{tmp_path / written} (")
   else:
     assert line.startswith(f"jdtensor launch: trace of the run in {tmp_path / written} (")
+
+
+def _launcher(folder, pid, ends):
+  """A launcher's own file: its track, and each client's end (pid -> its
+  exit code, at 20 s) on the client's track, as `RunTrace.attempt` writes."""
+  own = _trace.TraceFile(str(folder / "launcher-0.json"), pid,
+                         f"jdtensor launch (node 0, pid {pid})", sort_index=-1)
+  own.instant("client 1 stalled", 15.0, {"text": "jdtensor launch: client 1 stalled"},
+              scope="g")
+  for client_pid, code in ends.items():
+    own.write({"ph": "i", "name": "client ended", "pid": client_pid, "tid": 1,
+               "ts": own.ts(20.0), "s": "p", "args": {"code": code}})
+  own.close()
+  return own.path
+
+
+def test_a_launchers_folder_is_one_host_and_its_file_ends_a_killed_clients_slice(tmp_path):
+  """A folder a launcher left (killed, say): merged as one host, its own
+  track beside its clients', each client's end on the client's own track,
+  and the slice of the client killed inside it closed where the launcher saw
+  it end, not at its last event."""
+  files = [_launcher(tmp_path, 100, {101: 0, 102: -9}), _client(tmp_path, 0, 101, "h"),
+           _client(tmp_path, 1, 102, "h", killed=True)]
+  merged = tmp_path / "run.json"
+  _trace.merge([tuple(files)], str(merged), {})
+  trace = json.loads(merged.read_text())
+  assert _trace.problems(trace) == []
+  assert sorted(_tracks_of(trace)) == [100, 101, 102]  # Three tracks, one pid space.
+  ends = {e["pid"]: e["args"]["code"] for e in trace["traceEvents"]
+          if e.get("name") == "client ended"}
+  assert ends == {101: 0, 102: -9}
+  closed = [e for e in trace["traceEvents"] if e["ph"] == "E" and e["pid"] == 102]
+  assert closed[-1] == {"ph": "E", "pid": 102, "tid": 1, "ts": 20e6,
+                        "args": {"ended": "process"}}
+
+
+def _bad(tmp_path, content):
+  bad = tmp_path / "bad.json"
+  if isinstance(content, bytes):
+    bad.write_bytes(content)
+  else:
+    bad.write_text(content)
+  return bad
+
+
+_MERGED_HEAD = '{"displayTimeUnit":"ms","metadata":{},"traceEvents":[\n'
+
+
+@pytest.mark.parametrize("content,said", [
+    ("", "empty, not a trace"),
+    ("\n  \n", "empty, not a trace"),
+    ("hello", "not JSON (Expecting value, line 1), so not a trace"),
+    ("[]", "no trace events in it"),
+    ("[1, 2]", "event 0 is 1, not an object"),
+    ("42", "JSON 42, not a trace (a list of events, or an object with a traceEvents list)"),
+    ('{"traceEvents": "x"}', 'its traceEvents is "x", not a list of events'),
+    ('{"events": []}', 'a JSON object without traceEvents ({"events": []})'),
+    ('{"traceEvents": [{"ph": "i", "pid": 1, "ts": "soon"}]}',
+     'event 0 is an event whose ts "soon" is not a number'),
+    ('{"traceEvents": [{"ph": "i", "pid": 1, "ts": NaN}]}',
+     "event 0 is an event whose ts NaN is not a number"),
+    ('[{"name": "x", "pid": 1}]',
+     "event 0 is an object without a phase the trace format defines (ph null)"),
+    ('[{"ph": "i", "ts": 1}]', "event 0 is an event without a process id (pid null)"),
+    ('[{"ph": "i", "pid": [1], "ts": 1}]', "event 0 is an event without a process id "
+     "(pid [1])"),
+    ('[\n{"ph":"i","pid":1,"ts":1},\n"x",\n', 'line 3 is "x", not an object'),
+    ('[\n{"ph":"i","pid":1,"ts":1},\n{"ph":\n{"ph":"i","pid":1,"ts":2},\n',
+     "line 3 is not JSON, and more follows it"),
+    (_MERGED_HEAD + '{"ph":"i","pid":1,"ts":1}\n', "cut short: no closing ]}"),
+    (_MERGED_HEAD + '{"ph":"i","pid":1,"ts":1}\n,{"ph":"i","pid":1,"ts"\n]}\n',
+     "line 3 is not JSON, and more follows it"),
+    (b"\xff\xfe[", "not text (UTF-8), so not a trace"),
+], ids=["empty", "blank", "not-json", "empty-array", "array-of-numbers", "a-number",
+        "traceEvents-a-string", "wrong-object", "ts-a-string", "ts-nan", "no-phase",
+        "no-pid", "pid-a-list", "part-with-a-string", "part-broken-inside",
+        "merged-cut-short", "merged-broken-inside", "binary"])
+def test_what_is_not_a_trace_is_refused_naming_the_file_and_the_trace_left_alone(
+    tmp_path, content, said):
+  """Never an empty trace, never a value passed through as an event: the
+  merge stops at the first thing wrong, and the trace already there stays."""
+  bad = _bad(tmp_path, content)
+  good = _client(tmp_path, 0, 1, "pod-a")
+  out = tmp_path / "run.json"
+  out.write_text("before")
+  with pytest.raises(_trace.TraceError) as e:
+    _trace.merge([good, str(bad)], str(out), {})
+  assert str(e.value) == f"{bad}: {said}"
+  assert out.read_text() == "before"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "client-0-1.json",
+                                                         "run.json"]
+  with pytest.raises(_trace.TraceError):
+    _trace.residuals([str(bad)])
+
+
+def test_a_missing_file_is_refused_by_name(tmp_path):
+  with pytest.raises(_trace.TraceError) as e:
+    list(_trace.read_events(str(tmp_path / "gone.json")))
+  assert str(e.value) == f"{tmp_path / 'gone.json'}: cannot be read (No such file or directory)"
+
+
+@pytest.mark.parametrize("content", [
+    '[{"ph": "i", "name": "v", "pid": 1, "tid": 1, "ts": 1, "s": "g"}]',
+    '{\n  "traceEvents": [\n    {"ph": "i", "name": "v", "pid": 1, "tid": 1, "ts": 1,\n'
+    '     "s": "g"}\n  ],\n  "otherData": {"by": "another tool"}\n}\n',
+    '[\n  {\n    "ph": "i", "name": "v", "pid": 1, "tid": 1, "ts": 1, "s": "g"\n  }\n]\n',
+], ids=["array-on-one-line", "object-pretty-printed", "array-pretty-printed"])
+def test_a_trace_in_either_of_chromes_json_formats_is_read_whole(tmp_path, content):
+  bad = _bad(tmp_path, content)
+  assert list(_trace.read_events(str(bad))) == [
+      {"ph": "i", "name": "v", "pid": 1, "tid": 1, "ts": 1, "s": "g"}]
