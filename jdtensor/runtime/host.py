@@ -26,8 +26,9 @@ from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.runtime.handshake import (CLIENTS_SHOWN, NONCE_RE, PROTOCOL, RUN_RE,
                                         STAGE_SECONDS, clients_text,
                                         START_EVERY_CLIENT, WAITING_SECONDS, Hello,
-                                        Meeting, PeerHello, jobs_digest, run_id,
-                                        send)
+                                        Meeting, PeerHello, Software, jobs_digest,
+                                        run_id, send, software_groups, software_mismatch,
+                                        software_told)
 from jdtensor.runtime.links import Links
 
 __all__ = ["gpu_sharers", "serve"]
@@ -353,6 +354,11 @@ def _check(me: Hello, hello: PeerHello, peers: dict[int, _Conn],
     text = (f"Two processes claim DTENSOR_CLIENT_ID={c}; give each of the "
             f"{me.num_clients} clients its own id 0..{me.num_clients - 1}.")
     return text, text
+  if hello.software != me.software:
+    # Refused once every client has met, naming what each runs (`_refuse_
+    # mixed_software`): what else differs (settings another jdtensor reads,
+    # device counts another JAX sets) follows from it and would mislead.
+    return "", ""
   if hello.heartbeat != me.heartbeat:
     text = (f"Client {c} has the heartbeat {'on' if hello.heartbeat else 'off'} "
             f"but client 0 has it {'on' if me.heartbeat else 'off'}; set "
@@ -413,6 +419,31 @@ def gpu_sharers(hellos: Sequence[tuple[int, Sequence[GpuIdentity]]]) -> dict[int
           for client, gpus in hellos}
 
 
+def _refuse_mixed_software(me: Hello, peers: dict[int, _Conn]) -> None:
+  """Once every client has met: raises StartupError, after telling every
+  client why, unless all run the same `Software`. O(N)."""
+  def software(conn: _Conn) -> Software | None:
+    return None if conn.hello is None else conn.hello.software
+  groups = software_groups([(0, me.software)] + [
+      (c, software(peers[c])) for c in range(1, me.num_clients)])
+  problem = software_mismatch(groups)
+  if not problem:
+    return
+  # What a client that did not prove it knows the secret is told: its own
+  # group's versions only (one text a group, not one a client).
+  told: dict[Software | None, str] = {}
+  for c in range(1, me.num_clients):
+    conn = peers[c]
+    if conn.authenticated:
+      send(conn.sock, {"error": problem})
+    else:
+      theirs = software(conn)
+      if theirs not in told:
+        told[theirs] = software_told(groups, theirs)
+      send(conn.sock, {"error": told[theirs]})
+  raise StartupError(problem)
+
+
 def serve(me: Hello, secret: str | None, host: str, port: int, coordinator: str,
            timeout: float, deadline: float) -> Meeting:
   server = _Server(me, secret, coordinator,
@@ -429,6 +460,7 @@ def serve(me: Hello, secret: str | None, host: str, port: int, coordinator: str,
         send(sock, {"error": server.problem if secret else
                      "another client's start-up failed; see client 0's output"})
       raise StartupError(server.problem)
+    _refuse_mixed_software(me, server.peers)
     sharers = gpu_sharers([(0, me.gpus)] + [
         (c, conn.hello.gpus) for c, conn in server.peers.items()
         if conn.hello is not None])

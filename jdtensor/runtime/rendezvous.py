@@ -1,6 +1,7 @@
 """Start-up rendezvous on the coordinator port, before JAX is touched.
 
-PURE: standard library only, no jax.
+PURE: standard library only, no jax (but `software`, which reads what this
+process runs when a client starts).
 
 ``jax.distributed.initialize`` aborts the whole process (a C++ fatal log and
 a stack dump) when the coordinator's port is taken, when the coordinator never
@@ -16,9 +17,12 @@ exception that says what is wrong, every client first meets client 0 here:
    under ``JDTENSOR_RUN_SECRET``; client 0 checks it and proves itself back.
 3. The client sends its hello: client id, cluster size, a digest of
    ``DTENSOR_JOBS``, job name, device count, heartbeat on or off, the
-   settings every client must share and, for a GPU run, its GPUs (two
-   clients on one GPU are refused unless ``JDTENSOR_SHARE_GPUS`` allows it).
-4. Client 0 checks that all hellos agree, answers ``go``, or the error, to
+   settings every client must share, what it runs (`Software`: jdtensor's,
+   JAX's and jaxlib's versions, ``jax_enable_x64``) and, for a GPU run, its
+   GPUs (two clients on one GPU are refused unless ``JDTENSOR_SHARE_GPUS``
+   allows it).
+4. Client 0 checks that all hellos agree (what the clients run once all have
+   met: every client's is named, grouped), answers ``go``, or the error, to
    everyone, and closes the listener; JAX's coordination service then binds
    the same port. Until then it tells every client that has said hello whom
    it is still waiting for, every `WAITING_SECONDS`: a client waits for a
@@ -56,13 +60,13 @@ from jdtensor._wire import MAX_FRAME, Frames, handshake_proof, socket_host, spli
 from jdtensor.errors import StartupError, StartupTimeoutError
 from jdtensor.runtime.handshake import (CLIENT_STAGE_SECONDS, NONCE_RE, POLL_SECONDS,
                                         PROTOCOL, STAGE_SECONDS, START_EVERY_CLIENT,
-                                        Hello, Meeting, clients_text,
+                                        Hello, Meeting, Software, clients_text,
                                         bind_address, jobs_digest, retry_delays,
                                         run_id, send)
 from jdtensor.runtime.link_messages import SERVICE_UP, ServiceUp
 from jdtensor.runtime.links import Links
 
-__all__ = ["Hello", "Meeting", "bind_address", "rendezvous",
+__all__ = ["Hello", "Meeting", "Software", "software", "bind_address", "rendezvous",
            "wait_for_service", "announce_service", "wait_for_service_notice",
            "SERVICE_UP", "run_id", "jobs_digest", "STAGE_SECONDS"]
 
@@ -292,12 +296,27 @@ def wait_for_service_notice(listening: threading.Event, coordinator: str,
     raise _service_timeout(coordinator, client_id)
 
 
+def software() -> Software:
+  """What this process runs, as client 0 compares it (`Software`).
+
+  Imports jax (the start-up imports it right after the rendezvous): the
+  versions of the modules that run, not of whatever is installed.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from jdtensor import __version__  # pylint: disable=g-import-not-at-top
+  from jdtensor.runtime import jax_private  # pylint: disable=g-import-not-at-top
+  return Software.of(__version__, str(jax.__version__), jax_private.JAXLIB_VERSION,
+                     bool(jax.config.jax_enable_x64))
+
+
 def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
                deadline: Deadline, secret: str | None = None) -> Meeting:
   """Meets every client at the coordinator port, or raises.
 
   Args:
-    me: This client's view of the cluster.
+    me: This client's view of the cluster (without `Hello.software`, what
+      this process runs: `software`).
     coordinator: ``DTENSOR_JOBS[0]``.
     bind: Where client 0 listens (see `bind_address`).
     deadline: The start-up's deadline (the init timeout); this waits only
@@ -310,11 +329,14 @@ def rendezvous(me: Hello, coordinator: str, bind: tuple[str, int],
   Raises:
     StartupError: Port taken, bind address not on this host, another run or
       a wrong secret at the address, inconsistent clusters, duplicate client
-      ids, unequal device counts, two clients on one GPU.
+      ids, unequal device counts, two clients on one GPU, clients that run
+      different software (every client is told, once all have met).
     StartupTimeoutError: A peer never connected (client 0), or the
       coordinator never came up (other clients).
   """
   timeout, at = deadline.seconds, deadline.at
+  if me.software is None:
+    me = me._replace(software=software())
   if me.client_id == 0:  # Only client 0 hosts: the others never load its server.
     from jdtensor.runtime.host import serve  # pylint: disable=g-import-not-at-top
     return serve(me, secret, bind[0], bind[1], coordinator, timeout, at)

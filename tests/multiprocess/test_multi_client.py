@@ -269,3 +269,59 @@ def test_seed_dtensor_initialize_tpu_system_needs_dtensor_jobs():
   assert res.stdout.strip() == (
       "ERR DTENSOR_JOBS environment variable is required whenusing multi-client "
       "to properly set up communications between servers")
+
+
+@multi_client(num_clients=2, devices_per_client=2, env=TEST_TIMEOUTS)
+def test_barrier_takes_a_jax_mesh_as_well_as_a_jdtensor_mesh():
+  """`jax.make_mesh(...)` (every client's devices) works as DTensor's mesh
+  does: the coordination barrier, then the all-reduce over its devices."""
+  import jax
+  import jdtensor
+  jdtensor.barrier(jax.make_mesh((jax.device_count(),), ("x",)), "a JAX mesh",
+                   timeout_in_ms=30_000)
+  jdtensor.barrier(jdtensor.create_distributed_mesh([("x", jax.device_count())]),
+                   "a jdtensor mesh", timeout_in_ms=30_000)
+  with pytest.raises(TypeError, match=r"got str$"):
+    jdtensor.barrier("x")
+
+
+@pytest.mark.parametrize("differs", ["jax", "x64"])
+def test_clients_that_run_other_software_are_all_refused_at_once(differs):
+  """Found by hand (issue #67): client 0 on jax 0.12.1 and client 1 on
+  0.11.2 met, and their first jitted sum never returned, with no word (as
+  do clients where one has JAX_ENABLE_X64=1). Client 1 here says it runs
+  another JAX (its jax.__version__, set before initialisation: two JAX
+  versions in one venv would cost an install), or has 64-bit types on;
+  every client, client 0 too, exits at once naming what each runs and the
+  fix."""
+  jobs = [f"localhost:{free_port()}" for _ in range(3)]
+  culprit = {"jax": {"DIFFERS": "jax"}, "x64": {"JAX_ENABLE_X64": "1"}}[differs]
+  start = time.monotonic()
+  results = finish(start_clients("mixed_software", [
+      cluster_env(jobs, c, CULPRIT="1", **(culprit if c == 1 else {}))
+      for c in range(3)]), timeout=60)
+  took = time.monotonic() - start
+  out = [parse_results("\n".join(f"[client {c}] {l}" for l in r.stdout.splitlines()))[c]
+         for c, r in enumerate(results)]
+  real = out[0]["jax"]
+  each, fix = {
+      "jax": (f"clients 0, 2: jax {real}; client 1: jax 0.0.0+culprit",
+              f"Install the same jax on every client (client 0 has jax=={real})."),
+      "x64": ("clients 0, 2: jax_enable_x64=False; client 1: jax_enable_x64=True",
+              "Set jax_enable_x64 the same on every client (client 0 has False: "
+              "JAX_ENABLE_X64, or jax.config.update before "
+              "initialize_accelerator_system)."),
+  }[differs]
+  message = ("Clients run different software, so the programs they compile would "
+             "not match (a collective that never returns, or wrong data): "
+             f"{each}. {fix}")
+  assert_clean_failure(results[0], f"ERROR StartupError: {message}\n")
+  for c in (1, 2):
+    assert_clean_failure(results[c], (
+        f"ERROR StartupError: Client {c}: start-up refused by client 0: {message}\n"))
+  # At once, not after a time-out (the init timeout is 30 s): within a second
+  # of each other, and nobody reached JAX's collectives.
+  refused = [o["refused_at"] for o in out]
+  assert max(refused) - min(refused) < 1.0, refused
+  assert took < 25, took
+  assert not any("psum" in o for o in out), out

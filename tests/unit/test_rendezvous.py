@@ -25,10 +25,16 @@ def cluster(n=2):
   return tuple(f"localhost:{p}" for p in ports)
 
 
-def hello(jobs, client, devices=2, gpus=(), **settings):
+# What every client runs in these tests, unless one says otherwise (so that
+# no test here imports jax to find it out).
+SOFTWARE = handshake.Software("0.1.0", "0.12.1", "0.12.1", False)
+
+
+def hello(jobs, client, devices=2, gpus=(), software=SOFTWARE, **settings):
   return Hello(client, len(jobs), jobs, devices, True,
                tuple(sorted({"DTENSOR_JOB_NAME": "worker", **settings}.items())),
-               tuple(GpuIdentity(key, f"GPU {key} of node-a") for key in gpus))
+               tuple(GpuIdentity(key, f"GPU {key} of node-a") for key in gpus),
+               software=software)
 
 
 def meet(hellos, secrets, timeout=5.0, client_0_late_by=0.0):
@@ -565,3 +571,126 @@ def test_the_hello_carries_its_address_family_and_a_wrong_one_is_named(family):
     with pytest.raises(ValueError) as e:
       PeerHello.parse({**sent, "family": bad})
     assert str(e.value) == "field 'family' is not IPv4, IPv6 or empty"
+
+
+# -- what the clients run (issue #67, item 10) ---------------------------------
+
+OLD_JAX = SOFTWARE._replace(jax="0.11.2", jaxlib="0.11.2")
+X64 = SOFTWARE._replace(x64=True)
+_WHY = ("so the programs they compile would not match (a collective that never "
+        "returns, or wrong data)")
+_X64_HOW = "JAX_ENABLE_X64, or jax.config.update before initialize_accelerator_system"
+_SEE = "Client 0's output names what each client runs."
+
+
+def groups_of(clients):
+  return handshake.software_groups(enumerate(clients))
+
+
+@pytest.mark.parametrize("clients,message", [
+    ([SOFTWARE] * 3, ""),
+    ([SOFTWARE, OLD_JAX],
+     f"Clients run different software, {_WHY}: client 0: jax 0.12.1, jaxlib 0.12.1; "
+     "client 1: jax 0.11.2, jaxlib 0.11.2. Install the same jax and jaxlib on every "
+     "client (client 0 has jax==0.12.1 jaxlib==0.12.1)."),
+    ([SOFTWARE, OLD_JAX] + [SOFTWARE] * 298,
+     f"Clients run different software, {_WHY}: clients 0, 2-299: jax 0.12.1, jaxlib "
+     "0.12.1; client 1: jax 0.11.2, jaxlib 0.11.2. Install the same jax and jaxlib on "
+     "every client (client 0 has jax==0.12.1 jaxlib==0.12.1)."),
+    ([SOFTWARE, X64] * 1500,
+     f"Clients run different software, {_WHY}: clients 0, 2, 4, 6, 8, 10, 12, 14 and "
+     "1492 more: jax_enable_x64=False; clients 1, 3, 5, 7, 9, 11, 13, 15 and 1492 "
+     "more: jax_enable_x64=True. Set jax_enable_x64 the same on every client (client "
+     f"0 has False: {_X64_HOW})."),
+    ([SOFTWARE, OLD_JAX, X64, None, SOFTWARE._replace(jdtensor="0.2.0"), X64],
+     f"Clients run different software, {_WHY}: client 0: jdtensor 0.1.0, jax 0.12.1, "
+     "jaxlib 0.12.1, jax_enable_x64=False; client 1: jdtensor 0.1.0, jax 0.11.2, "
+     "jaxlib 0.11.2, jax_enable_x64=False; clients 2, 5: jdtensor 0.1.0, jax 0.12.1, "
+     "jaxlib 0.12.1, jax_enable_x64=True; 2 more clients run something else. Install "
+     "the same jdtensor, jax and jaxlib on every client (client 0 has jdtensor==0.1.0 "
+     "jax==0.12.1 jaxlib==0.12.1); set jax_enable_x64 the same on every client "
+     f"(client 0 has False: {_X64_HOW})."),
+], ids=["same", "two-jax", "one-of-300", "x64-alternating-3000", "five-kinds"])
+def test_what_clients_run_is_compared_by_group_in_one_short_line(clients, message):
+  """Client 0's refusal names each group of clients with what differs (ids
+  as runs, at most 8 runs and 3 groups shown) and the fix, with client 0's
+  versions to install."""
+  assert handshake.software_mismatch(groups_of(clients)) == message
+  assert len(message) < 700
+
+
+def test_a_client_without_the_secret_is_told_only_its_own_versions():
+  groups = groups_of([SOFTWARE, OLD_JAX, SOFTWARE, OLD_JAX])
+  fix = "Install the same jax and jaxlib on every client."
+  assert handshake.software_told(groups, OLD_JAX) == (
+      f"Clients 1, 3 run jax 0.11.2, jaxlib 0.11.2, unlike client 0, {_WHY}. "
+      f"{fix} {_SEE}")
+  assert handshake.software_told(groups, SOFTWARE) == (
+      f"Clients 1, 3 differ from client 0 in jax and jaxlib, {_WHY}. {fix} {_SEE}")
+  groups = groups_of([SOFTWARE, X64])
+  assert handshake.software_told(groups, X64) == (
+      f"Client 1 runs jax_enable_x64=True, unlike client 0, {_WHY}. Set "
+      f"jax_enable_x64 the same on every client ({_X64_HOW}). {_SEE}")
+
+
+def test_the_hello_carries_what_the_client_runs():
+  from jdtensor.runtime.handshake import PeerHello
+  sent = hello(("a:1", "b:2"), 1, software=X64).to_frame()
+  assert sent["software"] == {"jdtensor": "0.1.0", "jax": "0.12.1",
+                              "jaxlib": "0.12.1", "jax_enable_x64": True}
+  assert PeerHello.parse(sent).software == X64
+  assert PeerHello.parse({k: v for k, v in sent.items() if k != "software"}
+                         ).software is None
+  for bad in ([], {"jax": "0.12.1"}, {**sent["software"], "jax": "0.12 .1"},
+              {**sent["software"], "jax_enable_x64": 1},
+              {**sent["software"], "jaxlib": "9" * 65}):
+    with pytest.raises(ValueError) as e:
+      PeerHello.parse({**sent, "software": bad})
+    assert str(e.value) == "field 'software' is malformed"
+  # What a process says is always what a peer accepts.
+  odd = handshake.Software.of("0.1.0", "0.5.0 (built by hand)", "", 1)
+  assert odd == ("0.1.0", "0.5.0__built_by_hand_", "unknown", True)
+  assert PeerHello.parse({**sent, "software": odd.to_frame()}).software == odd
+
+
+@pytest.mark.parametrize("secret", [SECRET, None], ids=["authenticated", "no-secret"])
+def test_clients_that_run_different_software_are_all_refused_once_all_have_met(secret):
+  """Found by hand (issue #67): client 0 on jax 0.12.1 and client 1 on 0.11.2
+  met, started JAX and hung at the first jitted sum, silently. Client 0 now
+  waits for every client, then refuses them all at once; client 1's
+  settings differ too (another jdtensor reads others), but what it runs is
+  the cause named."""
+  jobs = cluster(3)
+  hellos = [hello(jobs, 0), hello(jobs, 1, software=OLD_JAX,
+                                  JDTENSOR_HEARTBEAT_PERIOD=9.0), hello(jobs, 2)]
+  start = time.monotonic()
+  out = meet(hellos, [secret] * 3)
+  assert time.monotonic() - start < 3
+  message = (f"Clients run different software, {_WHY}: clients 0, 2: jax 0.12.1, "
+             "jaxlib 0.12.1; client 1: jax 0.11.2, jaxlib 0.11.2. Install the same "
+             "jax and jaxlib on every client (client 0 has jax==0.12.1 jaxlib==0.12.1).")
+  assert all(isinstance(e, StartupError) and not isinstance(e, StartupTimeoutError)
+             for e in out), out
+  assert str(out[0]) == message
+  if secret:
+    for c in (1, 2):
+      assert str(out[c]) == f"Client {c}: start-up refused by client 0: {message}"
+  else:
+    fix = "Install the same jax and jaxlib on every client."
+    assert str(out[1]) == (
+        "Client 1: start-up refused by client 0: Client 1 runs jax 0.11.2, jaxlib "
+        f"0.11.2, unlike client 0, {_WHY}. {fix} {_SEE}")
+    assert str(out[2]) == (
+        "Client 2: start-up refused by client 0: Client 1 differs from client 0 in "
+        f"jax and jaxlib, {_WHY}. {fix} {_SEE}")
+
+
+def test_a_hello_without_software_says_what_this_process_runs(monkeypatch):
+  """`startup` builds its hello without `Hello.software`: the rendezvous
+  fills in `rendezvous.software()` (stood in for here: no jax in this test)."""
+  monkeypatch.setattr(rendezvous_mod, "software", lambda: X64)
+  jobs = cluster(2)
+  out = meet([hello(jobs, 0), hello(jobs, 1, software=None)], [SECRET] * 2)
+  assert str(out[0]).startswith(
+      f"Clients run different software, {_WHY}: client 0: jax_enable_x64=False; "
+      "client 1: jax_enable_x64=True.")

@@ -9,7 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))))
 
-from tests.client_common import result, run_scenario  # noqa: E402
+from tests.client_common import psum_over_every_device, result, run_scenario  # noqa: E402
 
 
 def listening_address(port):
@@ -263,6 +263,28 @@ def scenario_loaded_modules():
       m for m in ("encodings.idna", "stringprep", "unicodedata") if m in sys.modules))
   result("compiled_patterns", sorted(
       name for name in _jaxlib_texts._PATTERNS if name in vars(_jaxlib_texts)))  # pylint: disable=protected-access
+
+
+def scenario_mixed_software():
+  """CULPRIT runs something else: another JAX where DIFFERS=jax (it says so:
+  the one seam, jax's version attribute, set before the start-up reads it;
+  a host with another image), or whatever its environment sets (e.g.
+  JAX_ENABLE_X64=1). Every client would otherwise meet and take a psum."""
+  import time
+  import jax
+  import jdtensor
+  result("jax", jax.__version__)
+  culprit = os.environ["DTENSOR_CLIENT_ID"] == os.environ["CULPRIT"]
+  if culprit and os.environ.get("DIFFERS") == "jax":
+    jax.__version__ = "0.0.0+culprit"
+  try:
+    jdtensor.initialize_accelerator_system("CPU")
+  except jdtensor.StartupError:
+    result("refused_at", time.time())
+    raise
+  import numpy as np
+  psum, x = psum_over_every_device()
+  result("psum", float(np.asarray(psum(x).addressable_data(0))[0, 0]))
 
 
 def scenario_init_then_sleep():
