@@ -203,7 +203,10 @@ def worker(n: int, port: int, mine: list[int], mode: str) -> None:
   lock = threading.Lock()
 
   def client(c: int) -> None:
-    hello = rendezvous.Hello(c, n, jobs, 1, True, settings)
+    # Fixed versions: the simulated clients share one process, and reading
+    # the real ones would put a JAX import inside the measured handshake.
+    hello = rendezvous.Hello(c, n, jobs, 1, True, settings,
+                             software=rendezvous.Software("0.1.0", "0", "0", False))
     start.wait()
     cpu = time.thread_time()
     try:
