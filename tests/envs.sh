@@ -17,17 +17,26 @@
 #    The full suite passes there too (measured; see CONTRIBUTING.md,
 #    "Supported JAX versions"), but twice the full suite would not fit CI's
 #    30 minutes on 2 cores.
-# 3. integration: flax, optax, orbax, Keras 3 and grain (never jdtensor's
+# 3. py312: the Python between the two ends, 3.12, with jax/jaxlib $MIDDLE_JAX:
+#    the single-process tests and the multi-client tests whose outcome depends
+#    on the Python version or on how a client ends (the oldest part's list,
+#    and the waiting matrix: every way a script ends, at any moment of a
+#    beat), in about 15 minutes; the rest of tests/multiprocess (the
+#    engines, nodes, recovery, pod scale, GPU nodes, traces: the launcher's
+#    own work, the same on every Python) would double it.
+# 4. integration: flax, optax, orbax, Keras 3 and grain (never jdtensor's
 #    dependencies) on Python 3.12 with jax/jaxlib $MIDDLE_JAX: tests/integration,
 #    and test_invisible.py's orbax checkpoint test.
-# 4. docs: the documentation site built with warnings as errors (a broken
+# 5. docs: the documentation site built with warnings as errors (a broken
 #    link, a missing include, a docstring Sphinx cannot read fail it). The
 #    examples the pages show run in the main suite (tests/test_docs.py).
 #
 # An interpreter that is missing is said in the output (a NOTE line), and the
-# part runs on the default python instead.
+# part runs on the default python instead. Every part runs even when one
+# before it failed; the last lines say each part's result, and the exit code
+# is non-zero when any part failed.
 #
-# Usage: bash tests/envs.sh [newest|oldest|integration|docs]... (default: all four).
+# Usage: bash tests/envs.sh [newest|oldest|py312|integration|docs]... (default: all five).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MIDDLE_JAX=0.11.2
@@ -121,6 +130,9 @@ build_env() {  # build_env PART: that part's venv (run in the background, see be
             make_env newest "$python" test --upgrade ;;
     oldest) python=$(interpreter 3.11 oldest)
             make_env oldest "$python" test "jax==$OLDEST_JAX" "jaxlib==$OLDEST_JAX" ;;
+    py312) python=$(interpreter 3.12 py312)
+            # shellcheck disable=SC2046
+            make_env py312 "$python" test $(jax_pins "$MIDDLE_JAX" "$python") ;;
     integration) python=$(interpreter 3.12 integration)
             # shellcheck disable=SC2046
             make_env integration "$python" test,integration \
@@ -152,11 +164,9 @@ run_newest() {
   "$ROOT/newest/bin/python" -m pytest -q -p no:cacheprovider
 }
 
-run_oldest() {
-  echo "+ oldest: the oldest supported JAX, jax==$OLDEST_JAX"
-  say_versions "$ROOT/oldest" "$OLDEST_JAX"
-  "$ROOT/oldest/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/unit tests/jax_single tests/test_architecture.py \
+# The multi-client tests that touch each private JAX symbol or depend on the
+# Python version (the oldest part runs them; py312 too).
+VERSIONED=(
     tests/multiprocess/test_multi_client.py tests/multiprocess/test_invisible.py \
     tests/multiprocess/test_failure_modes.py tests/multiprocess/test_device_count.py \
     tests/multiprocess/test_heartbeat.py tests/multiprocess/test_jaxlib_texts.py \
@@ -166,6 +176,20 @@ run_oldest() {
     tests/multiprocess/test_users_signal_handler.py tests/multiprocess/test_client_text.py \
     tests/multiprocess/test_log_dir_full.py tests/multiprocess/test_warm_clusters.py \
     "tests/multiprocess/test_recovery.py::test_a_one_client_cpu_runs_restart_loads_its_step_from_the_cache"
+)
+
+run_oldest() {
+  echo "+ oldest: the oldest supported JAX, jax==$OLDEST_JAX"
+  say_versions "$ROOT/oldest" "$OLDEST_JAX"
+  "$ROOT/oldest/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/unit tests/jax_single tests/test_architecture.py "${VERSIONED[@]}"
+}
+
+run_py312() {
+  echo "+ py312: Python 3.12 (jax $MIDDLE_JAX): the single-process tests, the versioned multi-client tests and the waiting matrix"
+  say_versions "$ROOT/py312" "$MIDDLE_JAX"
+  "$ROOT/py312/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/jax_single "${VERSIONED[@]}" tests/multiprocess/test_waiting.py
 }
 
 run_integration() {
@@ -184,11 +208,11 @@ run_docs() {
 }
 
 parts=()
-for part in "${@:-newest oldest integration docs}"; do
+for part in "${@:-newest oldest py312 integration docs}"; do
   for p in $part; do
     case "$p" in
-      newest|oldest|integration|docs) parts+=("$p") ;;
-      *) echo "tests/envs.sh: unknown part '$p' (newest, oldest, integration, docs)" >&2; exit 2 ;;
+      newest|oldest|py312|integration|docs) parts+=("$p") ;;
+      *) echo "tests/envs.sh: unknown part '$p' (newest, oldest, py312, integration, docs)" >&2; exit 2 ;;
     esac
   done
 done
@@ -203,21 +227,39 @@ for p in "${parts[@]}"; do
   build_env "$p" >"$ROOT/$p.build.log" 2>&1 &
   pids+=($!)
 done
-failed=0
+declare -A result
 for i in "${!parts[@]}"; do
   if ! wait "${pids[$i]}"; then
     echo "tests/envs.sh: building the ${parts[$i]} environment failed:" >&2
     cat "$ROOT/${parts[$i]}.build.log" >&2
-    failed=1
+    result[${parts[$i]}]="FAILED (its environment could not be built)"
   else
     grep -e "^NOTE" "$ROOT/${parts[$i]}.build.log" || true  # An interpreter missing.
   fi
 done
-[ "$failed" = 0 ] || exit 1
 echo "+ environments built in $((SECONDS - start)) s"
 
+# Every part runs, whatever the parts before it did (each in a subshell of
+# its own with -e, so that its first failing command ends it alone).
 for p in "${parts[@]}"; do
+  [ -z "${result[$p]:-}" ] || continue
   start=$SECONDS
-  "run_$p"
-  echo "+ $p: $((SECONDS - start)) s"
+  set +e
+  ( set -e; "run_$p" )
+  code=$?
+  set -e
+  if [ "$code" = 0 ]; then
+    result[$p]="passed in $((SECONDS - start)) s"
+  else
+    result[$p]="FAILED (exit code $code) in $((SECONDS - start)) s"
+  fi
+  echo "+ $p: ${result[$p]}"
 done
+
+echo "+ tests/envs.sh: every part's result"
+failed=0
+for p in "${parts[@]}"; do
+  echo "+   $p: ${result[$p]}"
+  case "${result[$p]}" in FAILED*) failed=1 ;; esac
+done
+exit "$failed"

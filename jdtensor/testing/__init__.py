@@ -375,7 +375,10 @@ def _run_warm(name: str, header: dict[str, Any], payload: bytes,
     return [_transport.loads(records[c]["value"]) for c in range(options.num_clients)]
   if job.result.exit_code == 128 + signal.SIGINT:
     raise KeyboardInterrupt
-  raise _failure(name, options, timeout, job.result, records, err.lines)
+  cause = job.cause
+  said = (cause.what if cause is not None and cause.client is not None
+          and cause.client == job.result.first_failure else None)
+  raise _failure(name, options, timeout, job.result, records, err.lines, said)
 
 
 class WarmClusterRetired(UserWarning):
@@ -475,23 +478,32 @@ def _main_thread_stack(lines: Sequence[str], client: int) -> list[str]:
 
 def _failure(name: str, options: MultiClientOptions, timeout: float,
              result: launcher.LaunchResult, records: dict[int, dict[str, Any]],
-             err_lines: list[str]) -> MultiClientTestError:
+             err_lines: list[str], cause: str | None = None) -> MultiClientTestError:
+  """The failure report; its first line names the culprit.
+
+  The culprit is the launcher's root cause (`LaunchResult.first_failure`:
+  `jdtensor._report.root_cause` of the clients' exit codes and reports), said
+  with its own exception where its body raised, else with `cause` (the
+  launcher's words for it, as its summary names it) or how it ended.
+  """
   n = options.num_clients
   codes = result.returncodes or [None] * n
   raised = {c: (r["stage"], r["type"], r["message"], r["traceback"])
             for c, r in records.items() if r.get("status") == "error"}
+  culprit = result.first_failure if result.first_failure in range(n) else None
   # A client that raised but left with code 75 raised because another client
   # failed (a collective's "Connection reset by peer" once that client was
   # gone): jdtensor's exit guard blamed the other client. It is reported as
   # a consequence, unless no client failed by itself.
-  failures = {c: f for c, f in raised.items() if codes[c] != PEER_FAILURE_EXIT_CODE}
-  if not failures:
+  failures = {c: f for c, f in raised.items()
+              if codes[c] != PEER_FAILURE_EXIT_CODE or c == culprit}
+  if not failures and culprit is None:
     failures = raised
   raised_after = {c: f for c, f in raised.items() if c not in failures}
   finished = [c for c in range(n) if records.get(c, {}).get("status") == "ok"]
   head: list[str] = []
   detail: list[str] = []
-  if result.exit_code == LAUNCH_TIMEOUT_EXIT_CODE and not failures:
+  if result.exit_code == LAUNCH_TIMEOUT_EXIT_CODE and not failures and culprit is None:
     late = [c for c in range(n) if c not in finished]
     head.append(f"{name}: timed out after {timeout:g} s: {_clients(late)} did not "
                 "finish" + (f" ({_clients(finished)} had returned)" if finished else
@@ -501,16 +513,32 @@ def _failure(name: str, options: MultiClientOptions, timeout: float,
       detail += [f"--- client {c}: where it was ---"] + (
           stack or _tail(err_lines, c) or ["(no output)"])
   else:
-    for c, (stage, kind, message, _) in sorted(failures.items()):
-      where = _STAGES.get(stage, stage)
-      head.append(f"client {c}: {kind}: {_first_line(message)}"
-                  + (f" ({where})" if where else ""))
+    # The culprit first, then any other client that failed by itself.
+    named = ([culprit] if culprit is not None else []) + sorted(
+        c for c in failures if c != culprit)
+    for c in named:
+      if c in failures:
+        stage, kind, message, _ = failures[c]
+        where = _STAGES.get(stage, stage)
+        head.append(f"client {c}: {kind}: {_first_line(message)}"
+                    + (f" ({where})" if where else ""))
+      else:  # It left without an exception of its own: its exit, its verdict.
+        code = codes[c]
+        if cause is not None:
+          said = cause
+        elif code is not None:
+          said = f"client {c} {describe_exit(code)}"
+        else:
+          said = f"client {c} was named the cause by the other clients"
+        head.append(f"{said}.")
+        detail += [f"--- client {c}: last output ---"] + (
+            _tail(err_lines, c) or ["(no output)"])
     # Stopped because of the failure: by jdtensor's heartbeat (exit code 75),
     # or by the runner, whichever came first.
     stopped_codes = (PEER_FAILURE_EXIT_CODE, -signal.SIGTERM, -signal.SIGKILL)
-    consequences = [c for c in range(n) if c not in failures and c not in finished
-                    and failures and codes[c] in stopped_codes]
-    others = [c for c in range(n) if c not in failures and c not in finished
+    consequences = [c for c in range(n) if c not in named and c not in finished
+                    and named and codes[c] in stopped_codes]
+    others = [c for c in range(n) if c not in named and c not in finished
               and c not in consequences]
     if consequences:
       head.append(f"{_clients(consequences)} stopped as a consequence.")

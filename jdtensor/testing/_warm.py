@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any, IO
 
 from jdtensor import launcher
-from jdtensor.launcher.spec import Attempt, Interrupt, LaunchResult, LaunchSpec
+from jdtensor.launcher.spec import Attempt, Interrupt, LaunchResult, LaunchSpec, NodeFailure
 from jdtensor.launcher.supervisor import Signals, run_attempt
 from jdtensor.testing._client import END_OF_JOB, read_records
 
@@ -51,6 +51,15 @@ _OUTPUT_TRAIL = 5.0
 # Seconds the test process waits for a retired cluster to end by itself
 # (``stop``) before stopping it.
 _STOP_WAIT = 10.0
+# Seconds a cluster stopped at once (`Cluster.kill`: Ctrl-C, an interrupted
+# session) may take to end: the launcher's poll, SIGKILL, reaping each
+# client, its output's end. Then the test process goes on without it: each
+# client dies with the test process anyway (``PR_SET_PDEATHSIG``).
+KILL_WAIT = 10.0
+# Seconds between the launcher's stop signals while a cluster is killed: the
+# second one cuts the launcher's grace short, but only once its stop has
+# begun (a signal before that counts as the first).
+_KILL_NUDGE = 0.05
 # Seconds between looks at a job's records.
 _POLL = 0.002
 # Seconds for a cluster to end by itself once a client's body failed (the
@@ -125,10 +134,14 @@ class _Switch:
 @dataclasses.dataclass
 class JobResult:
   """One job's end: the clients' records, and, where the cluster ended
-  during the job (a failure, a time-out), the launcher's result."""
+  during the job (a failure, a time-out), the launcher's result and the
+  root cause it told (`cause`: the client, and `jdtensor._report.root_cause`'s
+  words for it as the launcher's summary names it, e.g. ``client 2 was
+  killed by SIGKILL``; its client is None for a time-out)."""
   records: dict[int, dict[str, Any]]
   result: LaunchResult | None
   retired: list[str]  # Why the cluster was retired after a passing job.
+  cause: NodeFailure | None = None
 
 
 class Cluster:
@@ -141,6 +154,7 @@ class Cluster:
     self.out, self.err = _Switch(), _Switch()
     self.interrupt = Interrupt()
     self.result: LaunchResult | None = None
+    self.cause: NodeFailure | None = None  # The launcher's root cause.
     self.error: BaseException | None = None
     self.retired = False
     self._deadline: tuple[float, float] | None = None
@@ -164,9 +178,16 @@ class Cluster:
       with Signals(self.interrupt) as signals:  # No handlers off the main thread.
         self.result = run_attempt(self._spec, Attempt.local(self._spec), self.out,
                                   self.err, self.env, signals,
+                                  on_failure=self._failed,
                                   timeout_at=lambda: self._deadline)
     except BaseException as e:  # pylint: disable=broad-except
       self.error = e
+
+  def _failed(self, failure: NodeFailure) -> None:
+    """The launcher's root cause, told once a client failed (as data: its
+    client, and `jdtensor._report.root_cause`'s words for it)."""
+    if self.cause is None:
+      self.cause = failure
 
   def start(self) -> None:
     """Starts the clients, once (before a job is known: ahead of need)."""
@@ -176,7 +197,13 @@ class Cluster:
 
   @property
   def alive(self) -> bool:
+    """Whether it takes jobs: not retired, and starting or running."""
     return not self.retired and (not self._thread.ident or self._thread.is_alive())
+
+  @property
+  def ended(self) -> bool:
+    """Whether no client of it runs: never started, or its launch returned."""
+    return not self._thread.is_alive()
 
   def run_job(self, header: dict[str, Any], payload: bytes, timeout: float,
               out: IO[str], err: IO[str]) -> JobResult:
@@ -225,7 +252,7 @@ class Cluster:
           self.interrupt.received(signal.SIGTERM)
       self._thread.join()
     except BaseException:
-      self.retire(kill=True)  # Ctrl-C, pytest-timeout: nothing is left.
+      self.kill()  # Ctrl-C, pytest-timeout: nothing is left.
       raise
     finally:
       self.out.sink = self.err.sink = None
@@ -234,7 +261,7 @@ class Cluster:
     shutil.rmtree(self.dir, ignore_errors=True)
     if self.error is not None:
       raise self.error
-    return JobResult(records, self.result, [])
+    return JobResult(records, self.result, [], self.cause)
 
   def _wait_for_records(self, result_dir: str, n: int) -> dict[int, dict[str, Any]] | None:
     """Every client's record of the job; as soon as one is a failure, the
@@ -274,20 +301,32 @@ class Cluster:
       return False
 
   def retire(self, kill: bool = False) -> None:
-    """No more jobs: the clients end normally (``stop``), or with `kill` at
-    once; waits for them, bounded."""
+    """No more jobs: the clients end normally (``stop``, `_STOP_WAIT`), or
+    with `kill` at once (`kill`); waits for them, bounded."""
     self.retired = True
-    if self._thread.is_alive():
-      kill = not self._write_stop() or kill
-      for _ in range(2):
-        if kill:
-          # Twice: the launcher's stop without its grace (a second Ctrl-C).
-          self.interrupt.received(signal.SIGTERM)
-          self.interrupt.received(signal.SIGTERM)
-        self._thread.join(_STOP_WAIT)
-        if not self._thread.is_alive():
-          break
-        kill = True
+    if kill or not self._thread.is_alive() or not self._write_stop():
+      self.kill()
+      return
+    self.wait(time.monotonic() + _STOP_WAIT)
+    self.kill()  # Still running: they are stopped now.
+
+  def wait(self, deadline: float) -> None:
+    """Until the cluster has ended, or `deadline` (monotonic)."""
+    if self._thread.ident:  # A thread never started has nothing to end.
+      self._thread.join(max(0.0, deadline - time.monotonic()))
+
+  def kill(self, deadline: float | None = None) -> None:
+    """Stops the clients at once (SIGTERM, then SIGKILL without the
+    launcher's grace) and waits for the cluster to end, until `deadline`
+    (monotonic; default `KILL_WAIT` from now)."""
+    self.retired = True
+    if deadline is None:
+      deadline = time.monotonic() + KILL_WAIT
+    # The launcher takes a second stop signal as "no grace", but only once
+    # its stop has begun: it is told again until the cluster has ended.
+    while self._thread.is_alive() and time.monotonic() < deadline:
+      self.interrupt.received(signal.SIGTERM)
+      self._thread.join(min(_KILL_NUDGE, max(0.0, deadline - time.monotonic())))
     shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -328,15 +367,32 @@ def _replace(cluster: Cluster) -> None:
   new.start()
 
 
-def retire_all() -> None:
-  """Stops every warm cluster (the end of a session, module, or process)."""
+def retire_all(kill: bool = False) -> None:
+  """Stops every warm cluster (the end of a session, module, or process):
+  the clients end normally, or with `kill` at once (an interrupted
+  session); all at once, each waited for on one shared deadline."""
   with _lock:
     clusters = list(_clusters.values())
-    _clusters.clear()
-  for cluster in clusters:
-    cluster.stop_soon()  # All at once; then each is waited for.
-  for cluster in clusters:
-    cluster.retire()
+  try:
+    if not kill:
+      for cluster in clusters:
+        cluster.stop_soon()
+      deadline = time.monotonic() + _STOP_WAIT
+      for cluster in clusters:
+        cluster.retired = True
+        cluster.wait(deadline)
+    deadline = time.monotonic() + KILL_WAIT
+    for cluster in clusters:  # Those still running: all told at once.
+      cluster.interrupt.received(signal.SIGTERM)
+    for cluster in clusters:
+      cluster.kill(deadline)
+  finally:
+    # Forgotten only once stopped: a Ctrl-C that cut this short leaves the
+    # rest for the session's end (or exit) to stop.
+    with _lock:
+      for shape, cluster in list(_clusters.items()):
+        if cluster in clusters and cluster.ended:
+          del _clusters[shape]
 
 
 atexit.register(retire_all)

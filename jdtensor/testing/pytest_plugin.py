@@ -74,8 +74,10 @@ def pytest_runtest_teardown(item: Any, nextitem: Any) -> None:
 
 def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
   """Every warm cluster ends with the session (Ctrl-C and a failed session
-  included; `atexit` is the last resort)."""
-  _warm_clusters().retire_all()
+  included; `atexit` is the last resort): after Ctrl-C at once, so that the
+  run ends within seconds (`jdtensor.testing._warm.KILL_WAIT` at most)."""
+  interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+  _warm_clusters().retire_all(kill=interrupted)
 
 
 def _warm_clusters() -> Any:

@@ -126,3 +126,46 @@ def test_the_timeout_option_and_bad_values():
                                    "test_marker_form", timeout=60)
   outcome, _, text = outcomes["test_marker_form"]
   assert outcome == "failure" and "timed out after 0.5 s" in text.splitlines()[0], out
+
+
+@pytest.fixture(scope="module")
+def leaving():
+  # -vvv (less -q: -vv): pytest's one line for a failure is never cut to the
+  # terminal's width.
+  return run_pytest(os.path.join(HERE, "clients", "leaving_examples.py"), "-vvv",
+                    timeout=600)
+
+
+# How client 2 left -> the first line of the test's failure. A verdict the
+# heartbeat reached on client 2 (the stall) is said in the launcher's words
+# on a warm cluster; a fresh run's launch returns only client 2's exit code.
+HEADLINES = {
+    "exception": re.escape("client 2: ValueError: client 2 leaves on purpose"),
+    "exit": re.escape("client 2 exited with code 3."),
+    "sigkill": re.escape("client 2 was killed by SIGKILL."),
+    "stall-warm": (r"client 2 exited with code 70: client 2 stalled: main thread in "
+                   r"leaving_examples\.py:\d+ leave <- leaving_examples\.py:\d+ body "
+                   r"<- leaving_examples\.py:\d+ test_warm for \d+ s, idle \(.*\), "
+                   r"while clients 0, 1 wait in a collective\."),
+    "stall-fresh": re.escape("client 2 exited with code 70."),
+}
+
+
+@pytest.mark.parametrize("mode", ["warm", "fresh"])
+@pytest.mark.parametrize("way", ["exception", "exit", "sigkill", "stall"])
+def test_the_headline_names_the_client_that_left_first(leaving, way, mode):
+  """Whichever way client 2 leaves (its exception, os._exit, SIGKILL, a
+  stall the heartbeat names), the failure's first line and pytest's one
+  line name client 2, then the clients stopped because of it."""
+  _, outcomes, out = leaving
+  name = f"test_{mode}[{way}]"
+  outcome, _, text = outcomes[name]
+  assert outcome == "failure", out
+  headline = HEADLINES.get(f"{way}-{mode}", HEADLINES.get(way))
+  lines = text.splitlines()
+  assert re.fullmatch(headline, lines[0]), text
+  assert lines[1] == "clients 0, 1 stopped as a consequence.", text
+  summary = [line for line in out.splitlines()
+             if line.startswith(f"FAILED tests/multiprocess/clients/leaving_examples.py::{name} - ")]
+  assert len(summary) == 1, out
+  assert re.fullmatch(f".* - Failed: {headline}", summary[0]), summary[0]
