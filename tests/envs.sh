@@ -21,7 +21,9 @@
 #    the single-process tests and the multi-client tests whose outcome depends
 #    on the Python version or on how a client ends (the oldest part's list,
 #    and the waiting matrix: every way a script ends, at any moment of a
-#    beat), in about 15 minutes; the rest of tests/multiprocess (the
+#    beat; the simplest program ended each way, a program on a worker thread,
+#    a deadlock: helper threads and exits are what 3.12 changed), in about
+#    15 minutes; the rest of tests/multiprocess (the
 #    engines, nodes, recovery, pod scale, GPU nodes, traces: the launcher's
 #    own work, the same on every Python) would double it.
 # 4. integration: flax, optax, orbax, Keras 3 and grain (never jdtensor's
@@ -189,7 +191,9 @@ run_py312() {
   echo "+ py312: Python 3.12 (jax $MIDDLE_JAX): the single-process tests, the versioned multi-client tests and the waiting matrix"
   say_versions "$ROOT/py312" "$MIDDLE_JAX"
   "$ROOT/py312/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/jax_single "${VERSIONED[@]}" tests/multiprocess/test_waiting.py
+    tests/jax_single "${VERSIONED[@]}" tests/multiprocess/test_waiting.py \
+    tests/multiprocess/test_clean_end.py tests/multiprocess/test_worker_thread.py \
+    tests/multiprocess/test_deadlock.py tests/unit/test_threads.py
 }
 
 run_integration() {
