@@ -91,7 +91,8 @@ class TraceFile:
   """
 
   def __init__(self, path: str, pid: int, name: str, sort_index: int = 0,
-               offset: float = 0.0, metadata: dict[str, Any] | None = None):
+               offset: float = 0.0, metadata: dict[str, Any] | None = None,
+               thread: str = "main thread"):
     self.path, self.pid, self.offset = path, pid, offset
     self._lock = threading.Lock()
     self._file: IO[str] | None = _create(path)
@@ -99,7 +100,7 @@ class TraceFile:
     self._file.write("[\n")
     self._meta("process_name", {"name": name, **({_META: metadata} if metadata else {})})
     self._meta("process_sort_index", {"sort_index": sort_index})
-    self._meta("thread_name", {"name": "main thread"})
+    self._meta("thread_name", {"name": thread})  # The one the heartbeat watches.
 
   def _meta(self, name: str, args: dict[str, Any]) -> None:
     self._write({"ph": "M", "name": name, "pid": self.pid, "tid": _THREAD, "args": args})

@@ -196,9 +196,10 @@ class ProcessHooks:
   # heartbeat says what its main thread did, a beat at a time.
   tracing = False
 
-  def trace_open(self) -> None:
+  def trace_open(self, thread: str = "main thread") -> None:
     """The trace's track opens (at the heartbeat's start, so that a client
-    that ends before its first beat still has one)."""
+    that ends before its first beat still has one); `thread` names the
+    thread its slices are of (the one the heartbeat watches)."""
 
   def trace_begin(self, offset: float, residual: float) -> None:
     """The beats begin, on client 0's clock (`offset`, `residual`: s)."""

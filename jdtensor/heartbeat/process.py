@@ -114,14 +114,14 @@ class ClientProcess(ProcessHooks):
     return {"client": self.client_id, "host": socket.gethostname(), "pid": os.getpid(),
             "restart": _env.read_restart_count()}
 
-  def trace_open(self) -> None:
+  def trace_open(self, thread: str = "main thread") -> None:
     pid = os.getpid()
     assert self.trace_dir is not None
     try:
       out = _trace.TraceFile(
           os.path.join(self.trace_dir, f"client-{self.client_id}-{pid}.json"), pid,
           f"client {self.client_id} ({socket.gethostname()}, pid {pid})",
-          sort_index=self.client_id, metadata=self._trace_meta())
+          sort_index=self.client_id, metadata=self._trace_meta(), thread=thread)
     except OSError as e:
       self.tracing = False
       sys.stderr.write(f"jdtensor: client {self.client_id} cannot write its trace in "

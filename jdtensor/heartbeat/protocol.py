@@ -230,7 +230,7 @@ class Heartbeat:
   def _run(self) -> None:
     """The heartbeat thread: the first exchange, beats, then the teardown."""
     if self._process.tracing:
-      self._process.trace_open()
+      self._process.trace_open(self.recorder.label)
     try:
       if self._exchange is None:
         self.ready.set()

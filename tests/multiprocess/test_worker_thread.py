@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from jdtensor import _trace
 from jdtensor.errors import OWN_FAILURE_EXIT_CODE
 from tests.helpers import REPO, launch_clients
 
@@ -53,8 +54,8 @@ def test_a_stall_on_the_worker_thread_is_named_with_its_stack(scenario):
 
 
 @pytest.mark.parametrize("scenario", ["clean", "linger"])
-def test_a_program_on_a_worker_thread_ends_cleanly_and_is_watched(scenario):
-  res, out, err, _ = run(scenario)
+def test_a_program_on_a_worker_thread_ends_cleanly_and_is_watched(scenario, tmp_path):
+  res, out, err, _ = run(scenario, JDTENSOR_TRACE_DIR=str(tmp_path))
   assert res.exit_code == 0 and res.returncodes == [0, 0, 0], (res.reason, err)
   assert out.count("DONE") == 3, out
   assert "heartbeat: client" not in err and "Traceback" not in err, err
@@ -64,3 +65,11 @@ def test_a_program_on_a_worker_thread_ends_cleanly_and_is_watched(scenario):
     assert status["thread"] == "thread 'TrainingThread'", status
     assert "worker_thread_client.py" in status["where"], status
     assert "<module>" not in status["where"], status
+  # Each client's track is of the worker thread, by its name, with its phases.
+  parts = sorted(tmp_path.glob("client-*.json"))
+  assert len(parts) == 3, parts
+  for part in parts:
+    events = list(_trace.read_events(str(part)))
+    assert [e["args"]["name"] for e in events
+            if e["ph"] == "M" and e["name"] == "thread_name"] == ["thread 'TrainingThread'"]
+    assert any(e["ph"] == "B" for e in events), part
