@@ -21,7 +21,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, TypeVar
+from typing import IO, NamedTuple, TypeVar
 
 from jdtensor._ids import ids_text
 from jdtensor.errors import PEER_FAILURE_EXIT_CODE
@@ -30,7 +30,8 @@ _R = TypeVar("_R")
 
 __all__ = ["Reason", "Report", "ClientEnd", "RootCause", "root_cause", "summary",
            "describe_exit", "mark_finished", "finished_clients", "VerdictStack",
-           "stack_lines", "rate_text", "printable"]
+           "stack_lines", "rate_text", "printable", "blame_at_start",
+           "withdraw_blame", "StartupStacks"]
 
 # Characters a terminal acts on rather than shows (C0 but tab, DEL, C1): in
 # a client's text they could set the window title, clear the screen or hide
@@ -120,6 +121,34 @@ def first_steps(directory: str, clients: Sequence[int]) -> float | None:
   return max(times)
 
 
+def blame_at_start(directory: str, client: int, reason: Reason) -> None:
+  """Records that `client`'s start-up failed because of `reason.subject`
+  (client 0's JAX coordination service never came up): its departure then
+  names them (`Report.read_all`), and the launcher's root cause is theirs,
+  not this client's, which only waited for them."""
+  try:
+    _write_record(os.path.join(directory, f"client-{client}.blame"),
+                  {"client": client, "detail": reason.detail,
+                   "subject": list(reason.subject)})
+  except OSError:
+    pass  # The launcher then names this client, by its own error.
+
+
+class _Blame(NamedTuple):
+  """A `blame_at_start` record."""
+  client: int
+  detail: str
+  subject: tuple[int, ...]
+
+
+def withdraw_blame(directory: str, client: int) -> None:
+  """A new start-up of `client`: an earlier try's blame no longer holds."""
+  try:
+    os.remove(os.path.join(directory, f"client-{client}.blame"))
+  except OSError:
+    pass  # None was written.
+
+
 def _clients_with(directory: str, suffix: str) -> set[int]:
   """The ids of the ``client-<id><suffix>`` files in `directory` (names
   only: nothing is read)."""
@@ -190,7 +219,8 @@ class Report(NamedTuple):
     detail: The reason alone: a verdict's `Reason.detail`; a departure's
       exception (``ZeroDivisionError: ... (train.py:42 in step)``), '' for
       an exit code, which says it all.
-    subject: A verdict's `Reason.subject`.
+    subject: A verdict's `Reason.subject`; a departure's, where it left
+      because of other clients (`blame_at_start`).
     reporter: A verdict's `Reason.reporter`.
   """
   client: int
@@ -224,13 +254,29 @@ class Report(NamedTuple):
                     str(data.get("detail", "")),
                     tuple(int(c) for c in data.get("subject", ())),
                     None if reporter is None else int(reporter))
-    return _read_records(directory, ".json", parse)
+    reports = _read_records(directory, ".json", parse)
+    # A start-up that failed waiting for other clients: it left because of
+    # them (its own error stays in `why`).
+    blames = _read_records(directory, ".blame", lambda data: _Blame(
+        int(data["client"]), str(data["detail"]), tuple(int(c) for c in data["subject"])))
+    for client, blame in blames.items():
+      report = reports.get(client)
+      if report is not None and report.departure and blame.subject:
+        reports[client] = report._replace(culprits=blame.subject, detail=blame.detail,
+                                          subject=blame.subject)
+    return reports
 
   @property
   def on_its_way_out(self) -> bool:
     """Whether the client said it is ending by itself (a departure, or a
     verdict under policy terminate)."""
     return self.departure or self.leaving
+
+  @property
+  def blames_others(self) -> bool:
+    """A departure because of other clients (`blame_at_start`): a
+    consequence, like a client the heartbeat stopped."""
+    return self.departure and self.client not in self.culprits
 
   @property
   def own_reason(self) -> str | None:
@@ -291,11 +337,14 @@ def root_cause(ends: Sequence[ClientEnd], reports: Mapping[int, Report],
   """The root cause of a failed run, from exit codes, reports and times.
 
   1. The earliest client that failed by itself (a non-zero code that is not
-     a consequence's 75), by its own account of when it left (client 0
+     a consequence's 75, nor a start-up that failed waiting for others:
+     `Report.blames_others`), by its own account of when it left (client 0
      leaves last on purpose), else by when it was seen to end; with its
      reason when it gave one.
-  2. Else, the client the reports name most (ties: the one named by the
-     lowest reporter), with the first reporter's reason and who named it.
+  2. Else, where every client is named by every other (a verdict on the
+     whole run: a deadlock), that verdict's words alone; else the client the
+     reports name most (ties: the one named by the lowest reporter), with
+     the first reporter's reason and who named it.
   3. Else, the first client seen to end with a non-zero code.
 
   Returns:
@@ -311,7 +360,11 @@ def root_cause(ends: Sequence[ClientEnd], reports: Mapping[int, Report],
     if report is not None and report.departure and report.at is not None:
       return report.at
     return end.ended_at if end.ended_at is not None else now
-  own = sorted((e for e in failed if e.code != PEER_FAILURE_EXIT_CODE),
+  def consequence(end: ClientEnd) -> bool:
+    report = reports.get(end.client)
+    return (end.code == PEER_FAILURE_EXIT_CODE
+            or (report is not None and report.blames_others))
+  own = sorted((e for e in failed if not consequence(e)),
                key=lambda e: (failed_at(e), e.client))
   if own:
     end = own[0]
@@ -323,9 +376,17 @@ def root_cause(ends: Sequence[ClientEnd], reports: Mapping[int, Report],
     return RootCause(end.client, what, True, failed_at(end), _exit_code(end.code))
   named: dict[int, list[int]] = {}
   for reporter, report in sorted(reports.items()):
-    if not report.departure:
+    if not report.departure or report.blames_others:
       for c in report.culprits:
         named.setdefault(c, []).append(reporter)
+  clients = {e.client for e in ends}
+  if len(clients) > 1 and set(named) == clients and all(
+      len(set(by) - {c}) == len(clients) - 1 for c, by in named.items()):
+    # Every client named by every other (a deadlock): the verdict is the
+    # run's, no one client's; its words, with the lowest client's number.
+    client = min(clients)
+    code = next((e.code for e in ends if e.client == client), None)
+    return RootCause(client, reports[min(reports)].detail, False, now, _exit_code(code))
   if named:
     client = max(named, key=lambda c: (len(named[c]), -min(named[c])))
     why = reports[named[client][0]].naming(client)
@@ -344,13 +405,18 @@ def root_cause(ends: Sequence[ClientEnd], reports: Mapping[int, Report],
 
 def summary(what: str, stopped: Sequence[int] | None = None, *, node: int | None = None,
             also: Sequence[str] = (), killed: Sequence[int] = (),
-            grace: float = 0.0, cut_short: str | None = None) -> str:
+            grace: float = 0.0, cut_short: str | None = None,
+            frozen: Sequence[int] = ()) -> str:
   """Every summary line of the launcher, one node or several.
 
-  ``jdtensor launch[ (node k)]: <what>; stopped clients 0, 2[ (clients 1
-  ignored SIGTERM for 5 s: killed)][ (also: client 3 exited with code 75)]``.
-  `stopped` None leaves the stop out (a restart's own line has it inside
-  `what`). `cut_short`: why the grace was cut short (``SIGINT again``): the
+  ``jdtensor launch[ (node k)]: <what>; stopped clients 0, 2[ (client 2
+  frozen (SIGSTOP, or a debugger): killed at once)][ (client 0 ignored
+  SIGTERM for 5 s: killed)][ (also: client 3 exited with code 75)]``.
+  "Stopped clients" are the ones the launcher's stop ended (the root cause
+  too, where it was not on its own way out). `stopped` None leaves the stop
+  out (a restart's own line has it inside `what`). `frozen`: the clients
+  killed without a grace, being stopped processes that cannot act on
+  SIGTERM. `cut_short`: why the grace was cut short (``SIGINT again``): the
   clients still running then were killed at once. A long list of ids is
   written as runs (``0, 2-299``).
   """
@@ -358,6 +424,9 @@ def summary(what: str, stopped: Sequence[int] | None = None, *, node: int | None
   text = f"{head}: {printable(what)}"
   if stopped is not None:
     text += f"; stopped clients {ids_text(stopped) or 'none'}"
+  if frozen:
+    text += (f" (client{'s' if len(frozen) > 1 else ''} {ids_text(frozen)} frozen "
+             "(SIGSTOP, or a debugger): killed at once)")
   if killed:
     which = f"client{'s' if len(killed) > 1 else ''} {ids_text(killed)}"
     text += (f" ({which} killed at once: {cut_short})" if cut_short else
@@ -428,3 +497,91 @@ def stack_lines(clients: Sequence[int], stacks: Mapping[int, VerdictStack],
   for text, members in groups.items():
     lines.append(f"  client{'s' if len(members) > 1 else ''} {ids_text(members)}: {text}")
   return lines
+
+
+# faulthandler's dump of one thread (CPython 3.11 to 3.13): a header line,
+# then a frame a line, the innermost first.
+_DUMP_THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-fA-F]+)\b.*$", re.M)
+_DUMP_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+
+
+class StartupStacks:
+  """A client's stacks while it starts, before a heartbeat can answer for
+  it (`VerdictStack`): the start-up writes a first line, its pid and the
+  thread it runs on (`begin`), then has faulthandler write every thread's
+  stack into the same file on SIGUSR1 (the guardian's SIGUSR1 stays ignored
+  until then). The launcher asks a client that stays silent at a verdict
+  (`waiting`: the pid to signal) and reads that thread's innermost frames
+  (`read`): client 0 whose JAX coordination service never came up shows
+  where it is."""
+
+  @staticmethod
+  def _path(directory: str, client: int) -> str:
+    return os.path.join(directory, f"client-{client}.startup")
+
+  @staticmethod
+  def begin(directory: str, client: int, pid: int, thread: int) -> IO[str] | None:
+    """The file to give faulthandler, its first line written; None where it
+    cannot be written (then nobody asks)."""
+    try:
+      f = open(StartupStacks._path(directory, client), "w")
+    except OSError:
+      return None
+    try:
+      f.write(json.dumps({"client": client, "pid": pid, "thread": thread}) + "\n")
+      f.flush()
+    except OSError:
+      f.close()
+      return None
+    return f
+
+  @staticmethod
+  def end(directory: str, client: int, f: IO[str]) -> None:
+    """The start-up is over: the file goes (nobody can answer on it now)."""
+    f.close()
+    try:
+      os.remove(StartupStacks._path(directory, client))
+    except OSError:
+      pass
+
+  @staticmethod
+  def _read(directory: str, client: int) -> tuple[dict, str] | None:
+    try:
+      with open(StartupStacks._path(directory, client)) as f:
+        head, body = json.loads(f.readline()), f.read()
+    except (OSError, ValueError):
+      return None
+    if not isinstance(head, dict) or not all(
+        isinstance(head.get(k), int) for k in ("pid", "thread")):
+      return None
+    return head, body
+
+  @staticmethod
+  def waiting(directory: str) -> dict[int, tuple[int, int]]:
+    """The clients still starting, by id: (their pid, the bytes of stacks
+    written so far)."""
+    out = {}
+    for client in _clients_with(directory, ".startup"):
+      got = StartupStacks._read(directory, client)
+      if got is not None:
+        out[client] = (got[0]["pid"], len(got[1]))
+    return out
+
+  @staticmethod
+  def read(directory: str, client: int) -> VerdictStack | None:
+    """Where the start-up's thread was at the last dump, or None (none yet)."""
+    got = StartupStacks._read(directory, client)
+    if got is None:
+      return None
+    head, body = got
+    ours = [m for m in _DUMP_THREAD.finditer(body) if int(m.group(1), 16) == head["thread"]]
+    if not ours:
+      return None
+    frames = []
+    for line in body[ours[-1].end():].lstrip("\n").splitlines():
+      frame = _DUMP_FRAME.match(line)
+      if frame is None:
+        break
+      frames.append(f"{os.path.basename(frame.group(1))}:{frame.group(2)} {frame.group(3)}")
+    return VerdictStack(client, "start-up", " <- ".join(frames[:3]) or "(no Python frame)",
+                        body.strip())

@@ -7,7 +7,10 @@ Three parties, all files, nothing on the network:
 * the launcher registers each attempt of a run in a per-user directory
   (`runs_dir`: mode 0700, owned by the user; ``run-<pid>.json``: its pid,
   command, clients, restarts and report directory, itself 0700 from
-  ``mkdtemp``), and removes it when the attempt ends;
+  ``mkdtemp``), and removes it when the attempt ends; the folders it makes
+  for the whole run (the compilation cache, the trace's parts) are recorded
+  there too while they exist (``folder-<pid>-<name>.json``: `track_folder`),
+  so that a later launch removes what a SIGKILLed launcher left;
 * `jdtensor status` asks (touches ``status-request`` in the report
   directory) and reads the answers;
 * while asked (the request is younger than `REQUEST_SECONDS`), each client's
@@ -35,7 +38,7 @@ from jdtensor import _env
 from jdtensor._report import rate_text
 
 __all__ = ["REQUEST_SECONDS", "runs_dir", "register_run", "unregister_run",
-           "running_runs", "request_status", "status_requested", "write_status",
+           "running_runs", "track_folder", "forget_folder", "request_status", "status_requested", "write_status",
            "read_statuses", "write_waits", "read_waits", "format_status",
            "wait_summary", "PHASE_NAMES", "process_alive", "stall_line", "nan_row"]
 
@@ -123,14 +126,23 @@ def process_alive(pid: int) -> bool:
   return True
 
 
-def _remove_report_dir(path: Any) -> None:
-  """Removes a dead launcher's report folder: only one of ours, where the
-  launcher makes them (``<tmp>/jdtensor-launch-*``, this user's)."""
-  if not isinstance(path, str):
+# The folders a launcher makes, by the prefix of their names (`tempfile.
+# mkdtemp` in the temporary directory): its report folder, the run's
+# compilation cache (`jdtensor.launcher.compile_cache`), the trace's parts
+# (`jdtensor.launcher.trace`). Nothing else is ever removed for a dead one.
+_OWN_FOLDERS = ("jdtensor-launch-", "jdtensor-compile-cache-", "jdtensor-trace-")
+
+
+def _remove_own_folder(path: Any) -> None:
+  """Removes a dead launcher's folder: only one of ours, where the launcher
+  makes them (``<tmp>/jdtensor-launch-*``, ``jdtensor-compile-cache-*``,
+  ``jdtensor-trace-*``; a real folder, not a link, this user's), never a
+  folder the user named (``--trace``'s file, their own cache)."""
+  if not isinstance(path, str) or not path:
     return
   path = os.path.abspath(path)
   if (os.path.dirname(path) != os.path.abspath(tempfile.gettempdir())
-      or not os.path.basename(path).startswith("jdtensor-launch-")):
+      or not os.path.basename(path).startswith(_OWN_FOLDERS)):
     return
   try:
     st = os.lstat(path)
@@ -156,11 +168,52 @@ def running_runs() -> list[dict[str, Any]]:
       continue
     if not process_alive(record["pid"]):
       # A launcher that was SIGKILLed left it, and its report folder.
-      _remove_report_dir(record.get("report_dir"))
+      _remove_own_folder(record.get("report_dir"))
       unregister_run(path)
       continue
     runs.append(record)
+  _remove_dead_launchers_folders(directory)
   return sorted(runs, key=lambda r: r.get("started", 0))
+
+
+def track_folder(folder: str) -> str | None:
+  """Records that this process made `folder` (one of `_OWN_FOLDERS`) for a
+  run: if it dies before it removes it (SIGKILL), the next launch of this
+  user removes it (`running_runs`). Returns the record, for
+  `forget_folder`; None where there is no safe directory to keep it in."""
+  directory = runs_dir(create=True)
+  if directory is None:
+    return None
+  path = os.path.join(directory,
+                      f"folder-{os.getpid()}-{os.path.basename(folder)}.json")
+  try:
+    _write_json(path, {"pid": os.getpid(), "folder": os.path.abspath(folder)})
+  except OSError:
+    return None
+  return path
+
+
+def forget_folder(record: str | None) -> None:
+  """The folder of `record` (`track_folder`) was removed by its launcher."""
+  unregister_run(record)
+
+
+def _remove_dead_launchers_folders(directory: str) -> None:
+  """The folders of launchers that died without removing them (`track_folder`)."""
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return
+  for name in names:
+    if not (name.startswith("folder-") and name.endswith(".json")):
+      continue
+    path = os.path.join(directory, name)
+    record = _read_json(path)
+    if record is None or not isinstance(record.get("pid"), int):
+      continue
+    if not process_alive(record["pid"]):
+      _remove_own_folder(record.get("folder"))
+      unregister_run(path)
 
 
 def request_status(report_dir: str) -> float:

@@ -22,7 +22,10 @@ or one that ended its script while the others still waited for it.
 SIGINT/SIGTERM to the launcher stop every client the same way; SIGUSR1 makes
 every client print its threads' stacks. Clients run in their own process
 groups and die with the launcher (``PR_SET_PDEATHSIG``), so no process is
-left behind.
+left behind; what a client orphans (a worker, a daemon that left its session
+with ``setsid()``) becomes the launcher's child (it is a child subreaper, or
+a container's pid 1, when it runs on the main thread), reaped as it ends and
+stopped with the run.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import sys
 from collections.abc import Mapping
 from typing import IO
 
-from jdtensor import _limits
+from jdtensor import _limits, _status
 from jdtensor.errors import ConfigError
 from jdtensor.launcher import nodes
 from jdtensor.launcher.output import say
@@ -74,6 +77,8 @@ def launch(spec: LaunchSpec, out: IO[str] | None = None,
   base = os.environ if env is None else env
   spec = startable(spec, base)
   run_trace = RunTrace(spec.trace, spec.node_rank) if spec.trace else None
+  # The trace's parts: removed by a later launch if this one is SIGKILLed.
+  parts = None if run_trace is None else _status.track_folder(run_trace.dir)
   if run_trace is not None:
     err, base = run_trace.watching(err), {**base, **run_trace.env}
   try:
@@ -87,6 +92,7 @@ def launch(spec: LaunchSpec, out: IO[str] | None = None,
   finally:
     if run_trace is not None:
       say(err, run_trace.close())
+      _status.forget_folder(parts)
 
 
 def startable(spec: LaunchSpec, env: Mapping[str, str]) -> LaunchSpec:

@@ -45,7 +45,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jdtensor import _env
+from jdtensor import _env, _status
 
 __all__ = ["CompileCache", "plan", "entry_complete", "new_entries", "receive",
            "MIN_COMPILE_SECONDS"]
@@ -82,10 +82,14 @@ class CompileCache:
     owned: Whether the launcher made `folder` (and removes it at the end);
       False for the user's own ``JAX_COMPILATION_CACHE_DIR``, left in place.
     env: What the clients' environment gets (nothing for the user's own).
+    record: Where the launcher's own folder is recorded while it exists
+      (`jdtensor._status.track_folder`: a later launch removes it if this
+      launcher is killed before it does).
   """
   folder: str
   owned: bool
   env: dict[str, str] = field(default_factory=dict)
+  record: str | None = None
 
   def line(self) -> str:
     """The launcher's one line about it."""
@@ -125,6 +129,8 @@ class CompileCache:
     """The end of the run: the launcher's own folder goes."""
     if self.owned:
       shutil.rmtree(self.folder, ignore_errors=True)
+      _status.forget_folder(self.record)
+      self.record = None
 
 
 def new_entries(cache: CompileCache, shipped: set[str]
@@ -213,6 +219,7 @@ def plan(enabled: bool, max_restarts: int, device_type: str,
   cache = (CompileCache(own, owned=False) if own else
            CompileCache(tempfile.mkdtemp(prefix="jdtensor-compile-cache-"), owned=True))
   if cache.owned:
+    cache.record = _status.track_folder(cache.folder)
     cache.env[_env.JAX_COMPILATION_CACHE_DIR] = cache.folder
     if _env.JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS not in env:
       cache.env[_env.JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS] = str(MIN_COMPILE_SECONDS)

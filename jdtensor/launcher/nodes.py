@@ -111,7 +111,7 @@ def _summary(me: int, root: str, result: LaunchResult, grace: float) -> str:
   """This node's summary line: the run's root cause, and what this node's
   stop did (the same "stopped" as one node's launcher)."""
   return _report.summary(root, result.stopped, node=me, killed=result.killed,
-                         grace=grace)
+                         grace=grace, frozen=result.frozen)
 
 
 _Watchers = tuple[Callable[[], "str | None"] | None, Callable[[NodeFailure], None] | None]
@@ -452,13 +452,15 @@ class _Decision:
 @dataclass
 class _Restart:
   """One restart, for the time to recovery: the failure that ended the last
-  attempt (``time.time()``), and when the next attempt started and first
-  completed a step on this node."""
+  attempt (``time.time()``), when the next attempt started and first
+  completed a step on this node, and whether that attempt ended (failed, or
+  was stopped) before its first step."""
   number: int
   failed_at: float
   cause: str
   started_at: float | None = None
   first_step_at: float | None = None
+  ended_early: bool = False
 
 
 def recovery_line(restarts: list[_Restart]) -> str:
@@ -471,8 +473,11 @@ def recovery_line(restarts: list[_Restart]) -> str:
     start = ("" if r.started_at is None
              else f"{max(0.0, r.started_at - r.failed_at):.1f} s to start again")
     if r.first_step_at is None:
-      unknown = True
-      parts.append(f"restart {r.number} after {r.cause}: {start or 'not started'}")
+      # An attempt that ended first says nothing of the script's calls.
+      unknown = unknown or not r.ended_early
+      early = (f" (attempt {r.number + 1} ended before its first step)"
+               if r.ended_early else "")
+      parts.append(f"restart {r.number} after {r.cause}: {start or 'not started'}{early}")
       continue
     assert r.started_at is not None
     parts.append(f"restart {r.number} after {r.cause}: "
@@ -505,6 +510,7 @@ def _run_attempts(node: _NodeRole, spec: LaunchSpec, out: IO[str], err: IO[str],
       if restarts:
         restarts[-1].started_at = result.started_at
         restarts[-1].first_step_at = result.first_step_at
+        restarts[-1].ended_early = result.first_step_at is None and result.exit_code != 0
       ended = time.time()
       decision = node.decide(result, signals)
       result, line = decision.result, decision.line

@@ -179,9 +179,12 @@ class LaunchResult:
       consequence, nor by the launcher).
     failed_at: When the root cause failed (``time.time()``), if known.
     restarts: How many times the group was started again.
-    stopped: The clients the launcher's stop ended (never the root cause,
-      nor a client that had already ended its script).
+    stopped: The clients the launcher's stop ended (the root cause too,
+      where it was not on its own way out; never a client that had already
+      ended its script).
     killed: Those of them SIGKILLed after ignoring SIGTERM for the grace.
+    frozen: Those of them SIGKILLed at once, being stopped processes
+      (SIGSTOP, a debugger), without the grace.
     verdict_stacks: The lines under the summary when a client's heartbeat
       named a verdict: where each of this node's clients' main thread was
       (one line per place), or that it could not answer.
@@ -201,6 +204,7 @@ class LaunchResult:
   restarts: int = 0
   stopped: list[int] = field(default_factory=list)
   killed: list[int] = field(default_factory=list)
+  frozen: list[int] = field(default_factory=list)
   verdict_stacks: list[str] = field(default_factory=list)
   started_at: float | None = None
   first_step_at: float | None = None

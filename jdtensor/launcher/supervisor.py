@@ -30,8 +30,10 @@ from jdtensor._report import (ClientEnd, Report, VerdictStack, describe_exit,
                               summary)
 from jdtensor.errors import LAUNCH_TIMEOUT_EXIT_CODE, PEER_FAILURE_EXIT_CODE
 from jdtensor.launcher.output import ClientLog, Output
-from jdtensor.launcher.processes import (signal_groups, stop_escaped, stop_process_groups,
-                                         why_it_cannot_start, wrapped)
+from jdtensor.launcher.processes import (Orphans, ask_starting_clients, frozen_groups,
+                                         signal_groups, stop_escaped,
+                                         stop_process_groups, why_it_cannot_start,
+                                         wrapped)
 from jdtensor.launcher.spec import (Attempt, NodeFailure, Interrupt,
                                     LaunchResult, LaunchSpec, worker_env)
 
@@ -113,6 +115,7 @@ class _Supervisor:
     self.stop_request = stop_request or (lambda: None)
     self.on_failure = on_failure or (lambda failure: None)
     self.killed: list[int] = []  # Clients SIGKILLed after the grace.
+    self.frozen: list[int] = []  # Clients SIGKILLed at once: frozen (SIGSTOP).
     self.stopped: list[int] = []  # Clients the stop ended (see `summary`).
     self.cut_short: str | None = None  # Why the last stop's grace was cut short.
     self.logs: dict[int, ClientLog] = {}  # By client id, with --log-dir.
@@ -121,6 +124,11 @@ class _Supervisor:
     self.timeout_at = timeout_at
     # When every client of this node said it completed its first step.
     self.first_step_at: float | None = None
+    self.orphans = Orphans()  # What it adopts (`Signals`: the main thread's).
+
+  def own_pids(self) -> set[int]:
+    """The clients' processes not yet reaped (never the orphans')."""
+    return {p.pid for p in self.procs if p.returncode is None}
 
   def start(self) -> None:
     # `jdtensor status` finds the run here (this user's, this machine's).
@@ -169,17 +177,21 @@ class _Supervisor:
     signal_groups(self.procs, sig)
 
   def stop_all(self) -> list[int]:
-    """SIGTERM, grace, SIGKILL; returns the ids of the clients stopped: the
-    ones still running, less those that had already ended their script
-    normally (waiting at exit for the others: the stop ended no work)."""
+    """SIGTERM, grace, SIGKILL (at once for a stopped client: `frozen`);
+    returns the ids of the clients stopped: the ones still running, less
+    those that had already ended their script normally (waiting at exit for
+    the others: the stop ended no work)."""
     killed: list[int] = []
+    frozen: list[int] = []
     # Read before the stop: a client that ends its script because of it (a
     # preemption save, then a normal end) was stopped.
     finished = finished_clients(self.report_dir)
     signals_before = self.interrupt.count
     running = stop_process_groups(self.procs, self.spec.grace, killed,
-                                  cut_short=lambda: self._cut_short(signals_before))
+                                  cut_short=lambda: self._cut_short(signals_before),
+                                  frozen=frozen)
     self.killed += [self.ids[i] for i in killed]
+    self.frozen += [self.ids[i] for i in frozen]
     return [self.ids[i] for i in running if self.ids[i] not in finished]
 
   def _cut_short(self, signals_before: int) -> bool:
@@ -213,7 +225,7 @@ class _Supervisor:
     stopped clients are remembered for the nodes' own summary."""
     self.stopped = list(stopped)
     return summary(what, stopped, also=also, killed=self.killed, grace=self.spec.grace,
-                   cut_short=self.cut_short)
+                   cut_short=self.cut_short, frozen=self.frozen)
 
   def _poll(self) -> list[int | None]:
     codes = [p.poll() for p in self.procs]
@@ -241,10 +253,12 @@ class _Supervisor:
     its way out (client 0 leaves last); while only consequences (75) have
     failed, the root cause. The clients' reports get a moment
     (`_REPORT_SECONDS`) to arrive: a survivor's heartbeat names a killed
-    client within milliseconds, but the launcher may see the death first."""
+    client within milliseconds, but the launcher may see the death first.
+    A frozen client (SIGSTOP) cannot end by itself: not waited for."""
     start = time.monotonic()
     deadline = start + min(self.spec.grace, 3.0)
     first_look = start + min(self.spec.grace, _REPORT_SECONDS)
+    frozen: list[int] | None = None  # Looked at once, at the first look.
     while time.monotonic() < deadline:
       if all(c is not None for c in codes):
         break
@@ -252,8 +266,13 @@ class _Supervisor:
       leaving = [i for i, c in enumerate(codes) if c is None and self.ids[i] in reports
                  and reports[self.ids[i]].on_its_way_out]
       cause_missing = all(c in (None, 0, PEER_FAILURE_EXIT_CODE) for c in codes)
-      if not leaving and not cause_missing and time.monotonic() >= first_look:
-        break
+      if not leaving and time.monotonic() >= first_look:
+        if not cause_missing:
+          break
+        if frozen is None:
+          frozen = frozen_groups(self.procs)
+        if all(c is not None or i in frozen for i, c in enumerate(codes)):
+          break
       time.sleep(_POLL_SECONDS)
       codes = self._poll()
     return codes
@@ -282,6 +301,7 @@ class _Supervisor:
       timeout_at = lambda: None if at is None else (at, limit)  # noqa: E731
     while True:
       codes = self._poll()
+      self.orphans.reap()
       if self.first_step_at is None:
         self.first_step_at = first_steps(self.report_dir, self.ids)
       if self.interrupt.suspend_refused:
@@ -297,7 +317,7 @@ class _Supervisor:
       if any(c not in (None, 0) for c in codes):
         codes = self._settle(codes)
         failure, exit_code = self._root_cause(codes)
-        self._collect_verdict_stacks()
+        self._collect_verdict_stacks(failure.client)
         self.on_failure(failure)
         return _End(failure.what, exit_code, root_cause=failure)
       if all(c == 0 for c in codes):
@@ -323,7 +343,11 @@ class _Supervisor:
     reason = ""
     if end.why is not None:
       root = end.root_cause
-      stopped = [c for c in self.stop_all() if root is None or c != root.client]
+      # The root cause is stopped too where the stop ended it: it was not on
+      # its own way out (a frozen client, one named by the others).
+      leaving = {c for c, r in self.reports().items() if r.on_its_way_out}
+      stopped = [c for c in self.stop_all()
+                 if root is None or c != root.client or c not in leaving]
       reason = self.summary(self._subject(end), stopped,
                             self._also(root, self._poll(), stopped) if root else ())
     self._stop_escaped_output_holders()
@@ -340,7 +364,7 @@ class _Supervisor:
         ended_at=[self.exit_wall.get(i) for i in range(len(self.procs))],
         client_ids=list(self.ids), own_failure=root is not None and root.own,
         failed_at=root.at if root is not None else end.failed_at,
-        stopped=list(self.stopped), killed=list(self.killed),
+        stopped=list(self.stopped), killed=list(self.killed), frozen=list(self.frozen),
         verdict_stacks=list(self.stack_lines), started_at=self.started,
         first_step_at=self.first_step_at)
 
@@ -375,12 +399,14 @@ class _Supervisor:
     if any(t.is_alive() for t in self.readers):
       stop_escaped(_env.JDTENSOR_REPORT_DIR, self.report_dir,
                    min(self.spec.grace, ESCAPED_GRACE))
+      self.orphans.stop(min(self.spec.grace, ESCAPED_GRACE))
 
-  def _collect_verdict_stacks(self) -> list[int | None]:
+  def _collect_verdict_stacks(self, root: int | None = None) -> list[int | None]:
     """Where each client was when its heartbeat named the verdict: waits up
     to `_VERDICT_STACK_SECONDS` for those still running (none, if no client
-    shows one within `_REPORT_SECONDS`: no heartbeat, no verdict); keeps the
-    lines for under the summary and writes every thread's stack into each
+    shows one within `_REPORT_SECONDS`: no heartbeat, no verdict), and asks
+    the root cause `root` if it is still in its start-up; keeps the lines
+    for under the summary and writes every thread's stack into each
     client's log (--log-dir). Returns the exit codes now."""
     start = time.monotonic()
     while True:  # Names only while waiting; the records are read once.
@@ -393,6 +419,12 @@ class _Supervisor:
         break
       time.sleep(_POLL_SECONDS)
     stacks = VerdictStack.read_all(self.report_dir) if answered else {}
+    # A root cause still in its start-up has no heartbeat to answer for it:
+    # it is asked (client 0 whose JAX coordination service never came up).
+    stacks.update(ask_starting_clients(
+        self.report_dir, {self.ids[i]: self.procs[i].pid for i, c in enumerate(codes)
+                          if c is None and self.ids[i] == root and root not in stacks},
+        _REPORT_SECONDS))
     if not stacks:
       return codes
     ended = {self.ids[i]: c for i, c in enumerate(codes) if c is not None}
@@ -439,9 +471,15 @@ class Signals:
     self.interrupt = interrupt
     self.current: _Supervisor | None = None
     self._previous: dict[int, Any] = {}
+    self.orphans = Orphans(
+        lambda: set() if self.current is None else self.current.own_pids())
 
   def __enter__(self) -> Signals:
     if threading.current_thread() is threading.main_thread():
+      # The process is the launcher's (its main thread runs it): it reaps
+      # and stops its clients' orphans (off the main thread, the process is
+      # someone else's, whose children it cannot tell from theirs).
+      self.orphans.adopt()
       def on_signal(signum: int, _frame: object) -> None:
         self.interrupt.received(signum)
 
@@ -460,6 +498,7 @@ class Signals:
   def __exit__(self, *exc: object) -> None:
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
+    self.orphans.release()
 
 
 def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
@@ -477,6 +516,7 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
   """
   sup = _Supervisor(spec, out, err, env, attempt, signals.interrupt,
                     stop_request, on_failure, timeout_at=timeout_at)
+  sup.orphans = signals.orphans
   signals.current = sup
   try:
     try:
@@ -518,6 +558,8 @@ def run_attempt(spec: LaunchSpec, attempt: Attempt, out: IO[str], err: IO[str],
     # group's stop: found by the run folder its environment carries.
     stop_escaped(_env.JDTENSOR_REPORT_DIR, sup.report_dir,
                  min(spec.grace, ESCAPED_GRACE))
+    # What it adopted (whatever its environment and session): it goes too.
+    signals.orphans.stop(min(spec.grace, ESCAPED_GRACE))
     shutil.rmtree(sup.report_dir, ignore_errors=True)
   if result.reason and not quiet:
     sup.output.line(result.reason)

@@ -7,19 +7,22 @@ several clients, within the plan's one deadline.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import faulthandler
 import math
 import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from jdtensor import _env, _limits, _wire
 from jdtensor import _logging as logging
 from jdtensor._deadline import Deadline
+from jdtensor._report import Reason, StartupStacks, blame_at_start, withdraw_blame
 from jdtensor.errors import (PEER_FAILURE_EXIT_CODE, StartupError, StartupTimeoutError,
                              inherited_client_message)
 from jdtensor.runtime import rendezvous
@@ -201,6 +204,47 @@ def sigterm_handler_dropped(handler: str) -> str:
           "to False to keep the handler")
 
 
+@contextlib.contextmanager
+def _answering_the_launcher(client_id: int) -> Iterator[str | None]:
+  """Under `jdtensor launch`, while this client starts: SIGUSR1 writes
+  every thread's stack where the launcher reads it (`StartupStacks`; the
+  heartbeat answers for itself once it runs), so that a client silent at
+  start-up (client 0 whose JAX service never comes up) still shows where it
+  is. Left alone where the program handles SIGUSR1 itself. Yields the
+  launcher's report folder, or None outside it."""
+  directory = _env.read_report_dir()
+  if directory is None:
+    yield None
+    return
+  withdraw_blame(directory, client_id)  # An earlier try's.
+  stacks = None
+  if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, signal.SIG_IGN):
+    stacks = StartupStacks.begin(directory, client_id, os.getpid(), threading.get_ident())
+  if stacks is not None:
+    try:
+      faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    except (ValueError, OSError, RuntimeError):
+      StartupStacks.end(directory, client_id, stacks)
+      stacks = None
+  try:
+    yield directory
+  finally:
+    if stacks is not None:
+      faulthandler.unregister(signal.SIGUSR1)
+      StartupStacks.end(directory, client_id, stacks)
+
+
+def _service_never_came_up(directory: str | None, client_id: int, coordinator: str,
+                           timeouts: _env.Timeouts) -> None:
+  """Tells the launcher that this client's start-up failed waiting for
+  client 0's JAX coordination service: the run failed because of client 0."""
+  if directory is not None:
+    blame_at_start(directory, client_id, Reason(
+        f"client 0's JAX coordination service at DTENSOR_JOBS[0]={coordinator!r} "
+        f"did not come up within the init timeout ({timeouts.init:g} s, "
+        f"{_env.JDTENSOR_INIT_TIMEOUT}) though client 0 met every client", (0,)))
+
+
 def start_distributed(plan: StartupPlan, *, before_jax: Callable[[], None],
                       platform: str | None) -> Started:
   """Rendezvous, then ``jax.distributed.initialize``, then cross-checks, all
@@ -216,8 +260,14 @@ def start_distributed(plan: StartupPlan, *, before_jax: Callable[[], None],
   Returns:
     What it set up, for the runtime (the one owner of its state) to record.
   """
+  _refuse_a_second_runtime(plan.cluster)
+  with _answering_the_launcher(plan.cluster.client_id) as report_dir:
+    return _start(plan, before_jax, platform, report_dir)
+
+
+def _start(plan: StartupPlan, before_jax: Callable[[], None], platform: str | None,
+           report_dir: str | None) -> Started:
   env, timeouts, deadline = plan.cluster, plan.timeouts, plan.deadline
-  _refuse_a_second_runtime(env)
   if backend_initialized():
     raise RuntimeError(
         "The JAX backend has already been started in this process, so it cannot "
@@ -264,8 +314,12 @@ def start_distributed(plan: StartupPlan, *, before_jax: Callable[[], None],
   if env.client_id == 0:
     rendezvous.announce_service(coordinator, deadline, links)
   else:
-    rendezvous.wait_for_service_notice(watch.service_listening, coordinator,
-                                       deadline, env.client_id)
+    try:
+      rendezvous.wait_for_service_notice(watch.service_listening, coordinator,
+                                         deadline, env.client_id)
+    except StartupTimeoutError:
+      _service_never_came_up(report_dir, env.client_id, coordinator or "", timeouts)
+      raise
   if deadline.expired():
     raise StartupTimeoutError(
         f"Client {env.client_id}: start-up used up the init timeout "

@@ -272,3 +272,53 @@ def test_dump_stacks_shows_the_main_thread_first():
   assert first == "Thread 'MainThread' (most recent call last):"
   assert "Thread 'helper-thread' (most recent call last):" in text
   assert "in test_dump_stacks_shows_the_main_thread_first" in text
+
+
+def test_a_frozen_client_is_killed_at_once_not_after_the_grace():
+  """A SIGSTOPped client cannot act on SIGTERM: once the others named it,
+  the launcher kills it at once instead of spending its 30 s grace, and the
+  summary counts it among the clients it stopped, saying how."""
+  import time
+  res, out, err, ended = launch_clients(
+      [sys.executable, CLIENT], 3, 2, timeout=120, grace=30, SCENARIO="sigstop",
+      CULPRIT="1", STOP_SECONDS="600", JDTENSOR_HEARTBEAT_PERIOD="1",
+      JDTENSOR_STUCK_TIMEOUT="3")
+  returned = time.time() - (time.monotonic() - ended)
+  assert res.first_failure == 1 and res.returncodes[1] == -9, (res, err)
+  assert returned - max(res.ended_at[0], res.ended_at[2]) < 5, (res.ended_at, returned)
+  assert re.fullmatch(r"jdtensor launch: client 1 missed beat \d+ \(last seen [\d.]+ s "
+                      r"ago\) \(named by clients 0, 2\); stopped clients 1 \(client 1 "
+                      r"frozen \(SIGSTOP, or a debugger\): killed at once\) \(also: "
+                      r"client ([02]) exited with code 75, client (?!\1)[02] exited "
+                      r"with code 75\)", res.reason), res.reason
+  assert res.stopped == [1] and res.killed == [], res
+
+
+SILENT = os.path.join(REPO, "tests", "multiprocess", "clients", "silent_service_client.py")
+
+
+def test_client_0_silent_before_its_service_is_named_with_its_stack():
+  """Client 0 meets every client, then falls silent before its JAX
+  coordination service comes up; client 1's start-up fails after the init
+  timeout (StartupTimeoutError). The summary names client 0, not client 1
+  that only waited for it, and shows where client 0's main thread is."""
+  res, out, err, _ = launch_clients([sys.executable, SILENT], 2, timeout=120, grace=5,
+                                    SCENARIO="silent_service", CULPRIT="0",
+                                    JDTENSOR_INIT_TIMEOUT="10")
+  assert "[client 0] STALLING" in out and "STARTED" not in out, (out, err)
+  assert res.first_failure == 0 and res.exit_code == 1, res.reason
+  assert res.returncodes[1] == 1, res.returncodes
+  assert re.fullmatch(r"jdtensor launch: client 0's JAX coordination service at "
+                      r"DTENSOR_JOBS\[0\]='localhost:\d+' did not come up within the "
+                      r"init timeout \(10 s, JDTENSOR_INIT_TIMEOUT\) though client 0 met "
+                      r"every client \(named by client 1\); stopped clients 0 \(also: "
+                      r"client 1 exited with code 1\)", res.reason), res.reason
+  assert res.verdict_stacks[0] == "jdtensor launch: main threads when the verdict was named:"
+  assert re.fullmatch(r"  client 0: silent_service_client\.py:\d+ stall_before_the_"
+                      r"service <- startup\.py:\d+ \w+ <- startup\.py:\d+ \w+ \(start-up\)",
+                      res.verdict_stacks[1]), res.verdict_stacks
+  assert res.verdict_stacks[2:] == [
+      "  client 1: exited with code 1 (no stack: it ended first)"], res.verdict_stacks
+  # Client 1 says why in its own words.
+  assert re.search(r"\[client 1\] .*StartupTimeoutError: Client 1: client 0 met every "
+                   r"client, but its JAX coordination service", err), err

@@ -237,3 +237,33 @@ def test_a_client_that_had_finished_is_not_among_the_stopped():
                                "ValueError: late failure"), res.reason
   stopped = res.reason.split("; stopped clients ", 1)[1].split(" (")[0]
   assert "3" not in stopped.split(", "), res.reason
+
+
+# Client 0 fails after a second; client 1 is frozen (SIGSTOP), or (a child)
+# runs on with a frozen child of its own, ending at SIGTERM.
+_FROZEN = """
+import os, signal, subprocess, sys, time
+if os.environ["DTENSOR_CLIENT_ID"] == "0":
+  time.sleep(1.0)
+  sys.exit(3)
+if sys.argv[1] == "client":
+  os.kill(os.getpid(), signal.SIGSTOP)
+worker = subprocess.Popen(["sleep", "600"])
+os.kill(worker.pid, signal.SIGSTOP)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("frozen", ["client", "child"])
+def test_a_frozen_client_is_killed_at_once_its_frozen_child_is_not(frozen):
+  """A stopped client cannot act on SIGTERM: killed at once, without the
+  grace (30 s), and counted among the clients stopped. A client that runs
+  on beside a stopped child of its own gets its SIGTERM and the grace."""
+  start = time.monotonic()
+  res, out, err, _ = launch_clients([sys.executable, "-c", _FROZEN, frozen], 2, grace=30,
+                                    timeout=60)
+  assert time.monotonic() - start < 10, res.reason
+  assert res.returncodes == [3, -9 if frozen == "client" else -15], res
+  note = " (client 1 frozen (SIGSTOP, or a debugger): killed at once)"
+  assert res.reason == ("jdtensor launch: client 0 exited with code 3; stopped clients 1"
+                        + (note if frozen == "client" else "")), res.reason

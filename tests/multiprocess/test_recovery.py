@@ -178,3 +178,42 @@ def test_a_gpu_runs_restart_finds_client_0s_entries(nodes, own, tmp_path):
       assert seen["files"] == {"jit_step-1-cache": seen["want"]}, texts
   if own:
     assert sorted(os.listdir(tmp_path)) == ["jit_cut-2-cache", "jit_step-1-cache"]
+
+
+# Two clients that call jdtensor.step_done() (no JAX: the launcher's words
+# are under test): in the first attempt both complete a step, then client 1
+# exits with code 3; in the second, client 1 exits with code 4 before its
+# first step.
+_EARLY_END_CLIENT = """
+import os, sys, time
+import jdtensor
+me = int(os.environ["DTENSOR_CLIENT_ID"])
+first = os.environ["JDTENSOR_RESTART_COUNT"] == "0"
+if first:
+  jdtensor.step_done()
+time.sleep(1.0)
+if me == 1:
+  sys.exit(3 if first else 4)
+time.sleep(60)
+if not first:
+  jdtensor.step_done()
+"""
+
+
+def test_an_attempt_stopped_before_its_first_step_is_said_so_without_advice():
+  """The script calls jdtensor.step_done(), but the restarted attempt ended
+  before its first step: the recovery line says that, and does not advise
+  the call the script already makes."""
+  res = run_python(f"""
+      import sys
+      from jdtensor.cli import main
+      sys.exit(main(["launch", "-n", "2", "--max-restarts", "1", "--grace", "2",
+                     "--timeout", "60", "--", sys.executable, "-c", {_EARLY_END_CLIENT!r}]))
+      """, env=clean_env(), timeout=90)
+  text = res.stdout + res.stderr
+  assert res.returncode == 4, text
+  line = re.search(r"^jdtensor launch: time to recovery: .*$", text, re.M)
+  assert line and re.fullmatch(
+      r"jdtensor launch: time to recovery: restart 1 after client 1's failure: \d+\.\d s "
+      r"to start again \(attempt 2 ended before its first step\)", line.group()), text
+  assert "step_done" not in text, text

@@ -85,6 +85,22 @@ CASES = [
       2: verdict(2, [1], "lost contact with client 1 at beat 9", subject=(), reporter=0)},
      (1, "client 1: lost contact with client 1 at beat 9 (named by clients 0, 2)",
       False, 1)),
+    # A deadlock: every client names every other; the verdict is the run's,
+    # said alone (not "client 0: ... (named by clients 1, 2)").
+    ("every-client-named-by-every-other", ends(75, 75, 75),
+     {c: verdict(c, [o for o in range(3) if o != c], "every client has waited in a "
+                 "collective for 600 s with its process idle: a deadlock", subject=())
+      for c in range(3)},
+     (0, "every client has waited in a collective for 600 s with its process idle: a "
+         "deadlock", False, 75)),
+    # Two clients naming each other while a third names one of them: not the
+    # whole run's verdict.
+    ("two-name-each-other", ends(75, 75, 75),
+     {0: verdict(0, [1], "client 1 missed beat 3 (last seen 8.0 s ago)"),
+      1: verdict(1, [0], "client 0 missed beat 3 (last seen 8.0 s ago)"),
+      2: verdict(2, [1], "client 1 missed beat 3 (last seen 8.0 s ago)")},
+     (1, "client 1 missed beat 3 (last seen 8.0 s ago) (named by clients 0, 2)", False,
+      75)),
     # Nobody reported anything: the first to end.
     ("no-reports", ends(75, 75, at={0: 102.0, 1: 101.0}), {},
      (1, "client 1 exited with code 75", False, 75)),
@@ -218,3 +234,87 @@ def test_an_exceptions_description_is_escaped():
   except RuntimeError as e:
     text = describe_exception(e)
   assert text.startswith("RuntimeError: bad \\x1b[2J\\x00 end (test_report.py:"), text
+
+
+# -- a frozen client, a start-up that failed waiting for client 0 (#67) -------------
+
+def test_a_frozen_client_is_said_killed_at_once_never_beside_stopped_clients_none():
+  """A stopped (SIGSTOPped) client cannot act on SIGTERM: the launcher kills
+  it at once, and the summary says so about a client it counts as stopped."""
+  assert summary("client 1 missed beat 5 (last seen 3.2 s ago) (named by clients 0, 2)",
+                 [1], frozen=[1], grace=30.0) == (
+      "jdtensor launch: client 1 missed beat 5 (last seen 3.2 s ago) (named by clients "
+      "0, 2); stopped clients 1 (client 1 frozen (SIGSTOP, or a debugger): killed at once)")
+  assert summary("timed out after 9 s", [0, 1, 2], frozen=[0, 2], killed=[1],
+                 grace=5.0) == (
+      "jdtensor launch: timed out after 9 s; stopped clients 0, 1, 2 (clients 0, 2 frozen "
+      "(SIGSTOP, or a debugger): killed at once) (client 1 ignored SIGTERM for 5 s: "
+      "killed)")
+
+
+SERVICE = ("client 0's JAX coordination service at DTENSOR_JOBS[0]='localhost:9' did "
+           "not come up within the init timeout (10 s, JDTENSOR_INIT_TIMEOUT) though "
+           "client 0 met every client")
+TIMEOUT_ERROR = ("StartupTimeoutError: Client 1: client 0 met every client, but its JAX "
+                 "coordination service ... did not come up before the init timeout; "
+                 "check client 0's output. (rendezvous.py:256 in _service_timeout)")
+
+
+def test_a_start_up_that_failed_waiting_for_client_0_names_client_0(tmp_path):
+  """Client 1's start-up fails (exit 1, StartupTimeoutError) because client 0's
+  coordination service never came up: its departure names client 0 (the
+  record beside it), so the root cause is client 0, still running and
+  silent, not client 1, which only waited."""
+  from jdtensor._report import blame_at_start, withdraw_blame
+  directory = str(tmp_path)
+  departure(1, TIMEOUT_ERROR, 110.0).write(directory)
+  departure(2, TIMEOUT_ERROR, 110.2).write(directory)
+  blame_at_start(directory, 1, Reason(SERVICE, (0,)))
+  blame_at_start(directory, 2, Reason(SERVICE, (0,)))
+  reports = Report.read_all(directory)
+  assert reports[1].culprits == (0,) and reports[1].blames_others
+  assert reports[1].why == f"failed: {TIMEOUT_ERROR}"  # Its own words are kept.
+  got = root_cause(ends(None, 1, 1), reports, now=200.0)
+  assert (got.client, got.what, got.own, got.exit_code) == (
+      0, f"{SERVICE} (named by clients 1, 2)", False, 1)
+  # Another client that failed by itself still comes first.
+  departure(3, ZDE, 111.0).write(directory)
+  got = root_cause(ends(None, 1, 1, 1), Report.read_all(directory), now=200.0)
+  assert (got.client, got.own) == (3, True)
+  # A blame withdrawn (a later try that started) leaves the departure its own.
+  withdraw_blame(directory, 1)
+  assert Report.read_all(directory)[1].culprits == (1,)
+  withdraw_blame(directory, 1)  # Twice: nothing to withdraw, no error.
+
+
+def test_a_silent_client_in_its_start_up_answers_with_its_threads_stack(tmp_path):
+  """A client in its start-up writes every thread's stack on SIGUSR1 in
+  faulthandler's own format; the launcher reads the start-up thread's
+  innermost frames (a real faulthandler dump of this thread, here)."""
+  import faulthandler
+  import os
+  import threading
+  from jdtensor._report import StartupStacks
+  directory = str(tmp_path)
+  f = StartupStacks.begin(directory, 0, os.getpid(), threading.get_ident())
+  assert StartupStacks.waiting(directory) == {0: (os.getpid(), 0)}
+  assert StartupStacks.read(directory, 0) is None  # Not asked yet.
+
+  def stalled_in_start_up():
+    faulthandler.dump_traceback(file=f, all_threads=True)
+  stalled_in_start_up()
+  stalled_in_start_up()  # Asked twice: the last answer counts.
+  pid, size = StartupStacks.waiting(directory)[0]
+  assert pid == os.getpid() and size > 0
+  record = StartupStacks.read(directory, 0)
+  top = record.where.split(" <- ")
+  assert top[0].startswith("test_report.py:") and top[0].endswith(" stalled_in_start_up")
+  assert top[1].endswith(" test_a_silent_client_in_its_start_up_answers_with_its_"
+                         "threads_stack") and len(top) == 3, record.where
+  assert record.phase == "start-up" and "most recent call first" in record.stacks
+  assert stack_lines([0, 1], {0: record}, {1: 1}) == [
+      "jdtensor launch: main threads when the verdict was named:",
+      f"  client 0: {record.where} (start-up)",
+      "  client 1: exited with code 1 (no stack: it ended first)"]
+  StartupStacks.end(directory, 0, f)
+  assert StartupStacks.waiting(directory) == {} and f.closed

@@ -155,3 +155,67 @@ def test_the_status_table_of_a_node_without_client_0():
 ], ids=["unknown", "off", "set", "no-rhythm", "early-pause", "learnt-floor", "learnt"])
 def test_status_shows_the_stall_time_out_in_force(view, line):
   assert _status.stall_line(view) == line
+
+
+DEAD_PID = 2**22 + 12345  # Above the kernel's pid_max: never a live process.
+
+
+def test_a_dead_launchers_cache_and_trace_folders_go_with_its_next_launch(
+    runs_home, tmp_path, monkeypatch):
+  """The folders a launcher made for a run (compilation cache, trace parts)
+  are recorded while they exist; when it was SIGKILLed, the next launch (or
+  `jdtensor status`) removes them, as it does its report folder. A live
+  launcher's are kept, and its own removal forgets the record."""
+  import tempfile
+  tmp = tmp_path / "tmp"
+  tmp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+  cache = tempfile.mkdtemp(prefix="jdtensor-compile-cache-")
+  parts = tempfile.mkdtemp(prefix="jdtensor-trace-")
+  (tmp / os.path.basename(parts) / "client-0-7.json").write_text("{}")
+  mine = tempfile.mkdtemp(prefix="jdtensor-trace-")
+  record = _status.track_folder(mine)
+  assert stat.S_IMODE(os.stat(record).st_mode) == 0o600
+  assert _status.running_runs() == [] and os.path.isdir(mine)
+  for folder in (cache, parts):  # What a SIGKILLed launcher's records say.
+    (runs_home / f"folder-{DEAD_PID}-{os.path.basename(folder)}.json").write_text(
+        f'{{"pid": {DEAD_PID}, "folder": "{folder}"}}')
+  _status.running_runs()
+  assert not os.path.exists(cache) and not os.path.exists(parts)
+  assert os.path.isdir(mine)  # Its launcher (this process) runs.
+  assert os.listdir(runs_home) == [os.path.basename(record)]
+  _status.forget_folder(record)
+  assert os.listdir(runs_home) == []
+
+
+@pytest.mark.parametrize("where", ["outside the temporary directory", "not ours by name",
+                                   "a link", "a file"])
+def test_only_a_launchers_own_folders_are_ever_removed(runs_home, tmp_path, monkeypatch,
+                                                       where):
+  """A record that names anything but a launcher's own folder (under the
+  temporary directory, one of its prefixes, a real folder of this user's:
+  never a --trace path or the user's own cache) removes nothing."""
+  import tempfile
+  tmp = tmp_path / "tmp"
+  tmp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+  users = tmp_path / "users-cache"
+  users.mkdir()
+  (users / "entry-cache").write_text("x")
+  target = {"outside the temporary directory": tmp_path / "jdtensor-trace-x",
+            "not ours by name": tmp / "my-compile-cache",
+            "a link": tmp / "jdtensor-compile-cache-link",
+            "a file": tmp / "jdtensor-trace-file"}[where]
+  if where == "a link":
+    target.symlink_to(users)
+  elif where == "a file":
+    target.write_text("x")
+  else:
+    target.mkdir()
+    (target / "entry-cache").write_text("x")
+  runs_home.mkdir(mode=0o700)
+  (runs_home / f"folder-{DEAD_PID}-x.json").write_text(
+      f'{{"pid": {DEAD_PID}, "folder": "{target}"}}')
+  _status.running_runs()
+  assert os.path.lexists(target) and (users / "entry-cache").exists()
+  assert os.listdir(runs_home) == []  # The dead launcher's record goes.
