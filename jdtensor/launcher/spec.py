@@ -171,6 +171,8 @@ class LaunchResult:
       or the one the others named (a client id, on any node); None when every
       client exited 0.
     reason: The summary line, or '' when every client exited 0.
+    cause: What the summary says of the root cause (``client 2 exited with
+      code 70: client 2 stalled: ...``), or '' when there is none.
     exit_code: What the launcher exits with.
     ended_at: When the launcher saw each client end (``time.time()``), or
       None for one still running.
@@ -196,6 +198,7 @@ class LaunchResult:
   pids: list[int] = field(default_factory=list)
   first_failure: int | None = None
   reason: str = ""
+  cause: str = ""
   exit_code: int = 0
   ended_at: list[float | None] = field(default_factory=list)
   client_ids: list[int] = field(default_factory=list)

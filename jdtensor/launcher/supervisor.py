@@ -360,6 +360,7 @@ class _Supervisor:
     return LaunchResult(
         returncodes=[p.poll() for p in self.procs], pids=[p.pid for p in self.procs],
         first_failure=None if root is None else root.client, reason=reason,
+        cause="" if root is None else root.what,
         exit_code=end.exit_code,
         ended_at=[self.exit_wall.get(i) for i in range(len(self.procs))],
         client_ids=list(self.ids), own_failure=root is not None and root.own,

@@ -325,7 +325,8 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
   if result.exit_code == 0 and all(
       records.get(c, {}).get("status") == "ok" for c in range(options.num_clients)):
     return [_transport.loads(v) for v in values]
-  failure = _failure(name, options, timeout, result, records, err.lines)
+  failure = _failure(name, options, timeout, result, records, err.lines,
+                     result.cause or None)
   if kept is not None:
     failure.args = (f"{failure.args[0]}\n(trace of the failed run: {kept})",)
   raise failure

@@ -136,18 +136,17 @@ def leaving():
                     timeout=600)
 
 
-# How client 2 left -> the first line of the test's failure. A verdict the
-# heartbeat reached on client 2 (the stall) is said in the launcher's words
-# on a warm cluster; a fresh run's launch returns only client 2's exit code.
+# How client 2 left -> the first line of the test's failure, warm or fresh.
+# A verdict the heartbeat reached on client 2 (the stall) is said in the
+# launcher's words (`LaunchResult.cause`).
 HEADLINES = {
     "exception": re.escape("client 2: ValueError: client 2 leaves on purpose"),
     "exit": re.escape("client 2 exited with code 3."),
     "sigkill": re.escape("client 2 was killed by SIGKILL."),
-    "stall-warm": (r"client 2 exited with code 70: client 2 stalled: main thread in "
-                   r"leaving_examples\.py:\d+ leave <- leaving_examples\.py:\d+ body "
-                   r"<- leaving_examples\.py:\d+ test_warm for \d+ s, idle \(.*\), "
-                   r"while clients 0, 1 wait in a collective\."),
-    "stall-fresh": re.escape("client 2 exited with code 70."),
+    "stall": (r"client 2 exited with code 70: client 2 stalled: main thread in "
+              r"leaving_examples\.py:\d+ leave <- leaving_examples\.py:\d+ body "
+              r"<- leaving_examples\.py:\d+ test_(warm|fresh) for \d+ s, idle \(.*\), "
+              r"while clients 0, 1 wait in a collective\."),
 }
 
 
