@@ -375,6 +375,14 @@ def stall_line(view: Mapping[str, Any]) -> str:
           f"{view.get('stall_floor', 0):g} s, ceiling {ceiling:g} s).")
 
 
+def _where(own: Mapping[str, Any]) -> str:
+  """A client's place in its program: its main thread's, or the thread the
+  heartbeat watches, named (``train.py:12 loop (thread 'TrainingThread')``)."""
+  where = str(own.get("where", "(on another node)" if not own else "?"))
+  thread = own.get("thread")
+  return where if thread in (None, "main thread") else f"{where} ({thread})"
+
+
 def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, Any]],
                   now: float | None = None) -> str:
   """The table `jdtensor status` prints for one run."""
@@ -399,7 +407,7 @@ def format_status(run: Mapping[str, Any], statuses: Mapping[int, Mapping[str, An
     rss = own.get("rss_mib")
     rows.append((
         str(c), phase, _duration(view["seconds"][c]),
-        own.get("where", "(on another node)" if not own else "?"),
+        _where(own),
         f"{view['busy'][c]:.0f}", rate_text(view.get("moved", nan_row(n))[c]),
         f"{rss:.0f} MiB" if rss is not None else "-",
         str(own.get("beats", view.get("beats", "-"))),

@@ -78,6 +78,16 @@ def test_the_status_table_one_row_per_client():
                        "(straggler above 30%). Beat data 0.5 s old.")
 
 
+def test_a_program_on_a_worker_thread_is_shown_with_the_threads_name():
+  statuses = {c: {**VIEW, "client": c, "where": f"train.py:{50 + c} step",
+                  "thread": "thread 'TrainingThread'", "rss_mib": 400.0, "restarts": 0,
+                  "at": 1071.5} for c in range(4)}
+  statuses[0]["thread"] = "main thread"
+  lines = _status.format_status(RUN, statuses, now=1072.0).splitlines()
+  assert lines[3].split()[4:6] == ["train.py:50", "step"]
+  assert lines[4].split()[4:7] == ["train.py:51", "step", "(thread"]
+
+
 def test_clients_on_other_nodes_come_from_the_merged_beat():
   statuses = {0: {**VIEW, "client": 0, "where": "train.py:50 step", "rss_mib": 400.0,
                   "at": 1071.5}}
