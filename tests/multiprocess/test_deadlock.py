@@ -55,9 +55,10 @@ def test_a_deadlock_ends_the_run_with_every_clients_stack():
 
 
 def test_a_long_computation_on_every_client_is_no_deadlock():
+  # One XLA call on every client, longer than the deadlock time-out (3 s here).
   res, out, err, _ = launch_clients([sys.executable, CLIENT], 3, 1, timeout=120,
-                                    SCENARIO="compute", BUSY_SECONDS=str(2 * DEADLOCK),
-                                    **SETTINGS)
+                                    SCENARIO="compute", BUSY_SECONDS="5",
+                                    **{**SETTINGS, "JDTENSOR_DEADLOCK_TIMEOUT": "3"})
   assert res.exit_code == 0 and res.returncodes == [0, 0, 0], (res.reason, err)
   assert out.count("DONE") == 3, out
   assert "deadlock" not in err and "heartbeat: " not in err, err

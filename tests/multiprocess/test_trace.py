@@ -115,10 +115,12 @@ def test_the_verdict_is_on_every_track_when_it_was_said_and_the_summary_when_pri
   said = [e["ts"] for e in verdicts.values()]
   assert max(said) <= printed["ts"] <= max(said) + 10e6
   # The stall began when the client said so, on client 0's clock: its
-  # "own code" slice starts within a beat or two of it.
+  # "own code" slice (the track's last: under load a step's own code can
+  # outlast a beat and have a slice of its own before it) starts within a
+  # beat or two of it.
   stalling = float(re.search(r"\[client 2\] STALLING ([\d.]+)", out).group(1))
-  (start,) = [e["ts"] for e in events if e["ph"] == "B" and e["pid"] == pids[2]
-              and e["name"] == "own code"]
+  start = [e["ts"] for e in events if e["ph"] == "B" and e["pid"] == pids[2]
+           and e["name"] == "own code"][-1]
   assert abs(start / 1e6 - stalling) < 3 * PERIOD + 0.2, (start, stalling)
   # Each client's end, on its own track, as the launcher saw it.
   ends = {e["pid"]: e["name"] for e in events if e["ph"] == "i" and e["name"].startswith("client ")
