@@ -31,7 +31,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from jdtensor import _env
@@ -154,26 +154,38 @@ def _remove_own_folder(path: Any) -> None:
 
 def running_runs() -> list[dict[str, Any]]:
   """Every registered launch of this user that is still running, oldest
-  first; the records of launchers that died are removed."""
+  first; the records of launchers that died are removed, with the folders
+  they left (a SIGKILLed launcher's report folder, and each it recorded
+  with `track_folder`)."""
   directory = runs_dir()
   if directory is None:
     return []
   runs = []
-  for name in sorted(os.listdir(directory)):
-    if not (name.startswith("run-") and name.endswith(".json")):
-      continue
-    path = os.path.join(directory, name)
-    record = _read_json(path)
-    if record is None or not isinstance(record.get("pid"), int):
-      continue
-    if not process_alive(record["pid"]):
-      # A launcher that was SIGKILLed left it, and its report folder.
+  for path, record in _records(directory, "run-"):
+    if process_alive(record["pid"]):
+      runs.append(record)
+    else:
       _remove_own_folder(record.get("report_dir"))
       unregister_run(path)
-      continue
-    runs.append(record)
-  _remove_dead_launchers_folders(directory)
+  for path, record in _records(directory, "folder-"):
+    if not process_alive(record["pid"]):
+      _remove_own_folder(record.get("folder"))
+      unregister_run(path)
   return sorted(runs, key=lambda r: r.get("started", 0))
+
+
+def _records(directory: str, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
+  """(path, record) of each ``<prefix>*.json`` in `directory` that names a pid."""
+  try:
+    names = sorted(os.listdir(directory))
+  except OSError:
+    return
+  for name in names:
+    if name.startswith(prefix) and name.endswith(".json"):
+      path = os.path.join(directory, name)
+      record = _read_json(path)
+      if record is not None and isinstance(record.get("pid"), int):
+        yield path, record
 
 
 def track_folder(folder: str) -> str | None:
@@ -196,24 +208,6 @@ def track_folder(folder: str) -> str | None:
 def forget_folder(record: str | None) -> None:
   """The folder of `record` (`track_folder`) was removed by its launcher."""
   unregister_run(record)
-
-
-def _remove_dead_launchers_folders(directory: str) -> None:
-  """The folders of launchers that died without removing them (`track_folder`)."""
-  try:
-    names = os.listdir(directory)
-  except OSError:
-    return
-  for name in names:
-    if not (name.startswith("folder-") and name.endswith(".json")):
-      continue
-    path = os.path.join(directory, name)
-    record = _read_json(path)
-    if record is None or not isinstance(record.get("pid"), int):
-      continue
-    if not process_alive(record["pid"]):
-      _remove_own_folder(record.get("folder"))
-      unregister_run(path)
 
 
 def request_status(report_dir: str) -> float:
