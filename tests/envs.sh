@@ -177,7 +177,9 @@ VERSIONED=(
     tests/multiprocess/test_no_false_kill.py tests/multiprocess/test_forked_worker.py \
     tests/multiprocess/test_users_signal_handler.py tests/multiprocess/test_client_text.py \
     tests/multiprocess/test_log_dir_full.py tests/multiprocess/test_warm_clusters.py \
-    "tests/multiprocess/test_recovery.py::test_a_one_client_cpu_runs_restart_loads_its_step_from_the_cache"
+    "tests/multiprocess/test_recovery.py::test_a_one_client_cpu_runs_restart_loads_its_step_from_the_cache" \
+    tests/multiprocess/test_clean_end.py tests/multiprocess/test_worker_thread.py \
+    tests/multiprocess/test_deadlock.py tests/unit/test_threads.py
 )
 
 run_oldest() {
@@ -191,9 +193,7 @@ run_py312() {
   echo "+ py312: Python 3.12 (jax $MIDDLE_JAX): the single-process tests, the versioned multi-client tests and the waiting matrix"
   say_versions "$ROOT/py312" "$MIDDLE_JAX"
   "$ROOT/py312/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/jax_single "${VERSIONED[@]}" tests/multiprocess/test_waiting.py \
-    tests/multiprocess/test_clean_end.py tests/multiprocess/test_worker_thread.py \
-    tests/multiprocess/test_deadlock.py tests/unit/test_threads.py
+    tests/jax_single "${VERSIONED[@]}" tests/multiprocess/test_waiting.py
 }
 
 run_integration() {
