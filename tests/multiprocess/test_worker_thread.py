@@ -42,7 +42,7 @@ def test_a_stall_on_the_worker_thread_is_named_with_its_stack(scenario):
   after = ended - (time.monotonic() - (time.time() - float(stamps[0])))
   assert after < STALL + 2 * 0.5 + 5, err
   where = (r"thread 'TrainingThread' in worker_thread_client\.py:\d+ next_batch <- "
-           r"worker_thread_client\.py:\d+ body <- \S+:\d+ run")
+           r"worker_thread_client\.py:\d+ body <- worker_thread_client\.py:\d+ run_body")
   said = (rf"client 1 stalled: {where} for \d+ s, idle \(\d+% of a core, [\d.]+ "
           r"[KM]?i?B/s read or written\), while clients 0, 2 wait in a collective")
   assert res.returncodes[1] == OWN_FAILURE_EXIT_CODE, (res.returncodes, err)

@@ -65,8 +65,17 @@ def body():
 
 if SCENARIO == "named":
   jdtensor.initialize_accelerator_system("CPU")
+def run_body():
+  """As Ray Train's TrainingThread runs the training function: its exception
+  is kept for the host to report, not left to the thread's excepthook."""
+  try:
+    body()
+  except Exception as e:  # pylint: disable=broad-except
+    print(f"BODY RAISED {type(e).__name__}", flush=True)
+
+
 stepped = threading.Event()
-worker = threading.Thread(target=body, name="TrainingThread")
+worker = threading.Thread(target=run_body, name="TrainingThread")
 worker.start()
 if SCENARIO == "named":
   jdtensor.watch_thread(worker)
