@@ -116,8 +116,8 @@ def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
     other client has waited, idle, as long;
   * every client waiting for `all_waiting_timeout` (default: the stall
     time-out; never the learnt one): a long computation or a deadlock, said;
-  * deadlock: every client waiting, its process idle, for `deadlock_timeout`
-    (0: never). A long computation keeps its process busy (XLA's threads
+  * deadlock: every client waiting, its process idle and moving no bytes,
+    for `deadlock_timeout` (0: never). A long computation keeps its process busy (XLA's threads
     compute on CPU: the waiter is not blocked); only a device that computes
     while the host sleeps (a GPU, a TPU) looks the same.
   """
@@ -141,7 +141,10 @@ def judge(phases: np.ndarray, seconds: np.ndarray, busy: np.ndarray,
     return Verdict(STALLED, (staller,), seconds=int(seconds[staller]),
                    timeout=stall_timeout, busy=int(busy[staller]),
                    moved=0 if moved is None else int(moved[staller]))
-  if deadlock_timeout > 0 and bool(np.all(blocked & (seconds >= deadlock_timeout))):
+  # A waiter whose process moves bytes (an async checkpoint's upload from a
+  # background thread while the main thread waits in orbax) is not deadlocked.
+  idle = blocked if moved is None else blocked & (moved < MOVING_BYTES_PER_SECOND)
+  if deadlock_timeout > 0 and bool(np.all(idle & (seconds >= deadlock_timeout))):
     return Verdict(DEADLOCK, tuple(range(n)), seconds=int(seconds.min()),
                    timeout=deadlock_timeout)
   if stall_timeout > 0 and bool(np.all(blocked & (seconds >= all_waiting_timeout))):

@@ -72,6 +72,19 @@ def test_every_client_idle_in_a_collective_for_the_deadlock_time_out(states, sta
                deadlock_timeout=600.0) == expected
 
 
+def test_every_client_waiting_while_one_moves_bytes_is_no_deadlock():
+  """An async checkpoint's upload on a background thread while every main
+  thread waits (orbax's wait): slow storage, not a deadlock."""
+  phases, seconds, busy = np.array([W, W]), np.array([900, 900]), np.array([1, 1])
+  joined = np.ones(2, bool)
+  moving = np.array([0, 2 * MOVING_BYTES_PER_SECOND])
+  assert judge(phases, seconds, busy, joined, 3.0, 300, moved=moving,
+               deadlock_timeout=600.0) == Verdict(ALL_WAITING, (0, 1))
+  assert judge(phases, seconds, busy, joined, 3.0, 300, moved=np.zeros(2),
+               deadlock_timeout=600.0) == Verdict(DEADLOCK, (0, 1), seconds=900,
+                                                  timeout=600.0)
+
+
 @pytest.mark.parametrize("states, stall, due", [
     # A stall in view: the time-out less the pattern's length (its shortest).
     ([(W, 3.4, 1), (R, 2.9, 0), (W, 3.1, 2)], 4.0, 1.1),
