@@ -541,13 +541,17 @@ class ProgramThreadRecorder(Recorder):
     now = self._clock()
     process_idle = busy < idle_percent and not moving
     main_idle = self._main_idle(now, process_idle)
+    if self.program is not None and self.program.ended():
+      # Its thread returned (a set-up on a helper thread, or a training
+      # function that is done): the main thread is the program's again. Never
+      # read as the script's end: a thread that only initialised would be
+      # named an early exit while its program runs on.
+      self.program.watch(threading.main_thread())
     frame = self._main_frame()
-    at_exit = self.at_exit or (self.program is not None and self.program.ended())
-    inside = None if at_exit else self.in_jax(frame)
-    self._sites.let_go(None if at_exit else frame)
-    if at_exit:
-      # Whatever its background threads still hold: its script is done (a
-      # watched thread other than the main one: its program returned).
+    inside = None if self.at_exit else self.in_jax(frame)
+    self._sites.let_go(None if self.at_exit else frame)
+    if self.at_exit:
+      # Whatever its background threads still hold: its script is done.
       phase = AT_EXIT
     elif inside is None:
       # An unreadable stack says nothing: keep the phase and its clock.

@@ -10,10 +10,11 @@ thread that called `jdtensor.initialize_accelerator_system` (or
 This module owns the choice: one `ProgramThread` per process.
 
 Its phases, stalls, stacks, status and trace all read this one
-`ProgramThread`. A watched thread other than the main thread that has ended
-reads as the script's end (``AT_EXIT``): its program is over, even if the
-process goes on (a Ray actor does), and the clients agree on the end as at
-an interpreter's exit.
+`ProgramThread`. When a watched thread other than the main one ends, the
+main thread is watched again: a thread that only initialised must not read
+as the program's end (the others would name it an early exit while its
+program runs on); a Ray actor's training function that returned early is
+then named as a stall, later but never wrongly.
 """
 
 from __future__ import annotations
@@ -134,9 +135,8 @@ def watch_thread(thread: threading.Thread | None = None) -> None:
   which is the main thread in most programs and the worker thread where a
   host runs the program on one (Ray Train's training function). Name
   another where the program initialises on one thread and runs on another.
-  A watched thread other than the main thread that ends counts as the
-  program's end (the clients agree on the end as at an interpreter's
-  exit). Each client names its own.
+  When a watched thread other than the main one ends, the main thread is
+  watched again. Each client names its own.
 
   Example::
 

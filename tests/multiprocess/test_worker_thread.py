@@ -53,6 +53,19 @@ def test_a_stall_on_the_worker_thread_is_named_with_its_stack(scenario):
     assert re.search(rf"^\[client {c}\] heartbeat: {said}", err, re.M), (c, err)
 
 
+def test_a_set_up_on_a_helper_thread_hands_the_watch_back_to_the_main_thread():
+  """A thread that only initialised and returned is not the program's end:
+  the main thread runs the steps, and its stall is named."""
+  res, out, err, _ = run("init_thread")
+  where = (r"main thread in worker_thread_client\.py:\d+ next_batch <- "
+           r"worker_thread_client\.py:\d+ body <- worker_thread_client\.py:\d+ <module>")
+  said = (rf"client 1 stalled: {where} for \d+ s, idle \(\d+% of a core, [\d.]+ "
+          r"[KM]?i?B/s read or written\), while clients 0, 2 wait in a collective")
+  assert res.returncodes[1] == OWN_FAILURE_EXIT_CODE, (res.returncodes, err)
+  assert re.match(rf"jdtensor launch: client 1 exited with code 70: {said}; ",
+                  res.reason), res.reason
+
+
 @pytest.mark.parametrize("scenario", ["clean", "linger"])
 def test_a_program_on_a_worker_thread_ends_cleanly_and_is_watched(scenario, tmp_path):
   res, out, err, _ = run(scenario, JDTENSOR_TRACE_DIR=str(tmp_path))

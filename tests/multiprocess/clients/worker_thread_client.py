@@ -2,7 +2,7 @@
 function (on its ``TrainingThread``, while the main thread serves the
 host's own loop).
 
-    SCENARIO=clean|stall|linger|named  CULPRIT=1  STEPS=12
+    SCENARIO=clean|stall|linger|named|init_thread  CULPRIT=1  STEPS=12
 
 The main thread starts a thread named ``TrainingThread`` and then waits in
 a loop of short sleeps (a host's loop: never a collective). The worker
@@ -16,7 +16,9 @@ checking each result:
   (a Ray actor lives on after its training function);
 * named: the main thread initialises, then starts the worker and names it
   with ``jdtensor.watch_thread`` (the worker's body skips initialising);
-  client CULPRIT stalls as in stall.
+  client CULPRIT stalls as in stall;
+* init_thread: the other way round: a short-lived thread initialises, the
+  main thread runs the steps (no worker), and client CULPRIT stalls.
 
 After step 1 the main thread prints ``STATUS <json>``, the heartbeat's
 status as it reads it then; the worker prints ``DONE`` at the end.
@@ -41,14 +43,14 @@ CULPRIT = int(os.environ.get("CULPRIT", "1"))
 
 def next_batch(me, step):
   """Where a stuck data loader would sit."""
-  if SCENARIO in ("stall", "named") and me == CULPRIT and step == 3:
+  if SCENARIO in ("stall", "named", "init_thread") and me == CULPRIT and step == 3:
     print(f"MISBEHAVING {time.time():.3f}", flush=True)
     time.sleep(600)
   return step
 
 
 def body():
-  if SCENARIO != "named":
+  if SCENARIO not in ("named", "init_thread"):
     jdtensor.initialize_accelerator_system("CPU")
   import jax  # pylint: disable=g-import-not-at-top
   me, total = jax.process_index(), jax.device_count()
@@ -63,8 +65,6 @@ def body():
   print("DONE", flush=True)
 
 
-if SCENARIO == "named":
-  jdtensor.initialize_accelerator_system("CPU")
 def run_body():
   """As Ray Train's TrainingThread runs the training function: its exception
   is kept for the host to report, not left to the thread's excepthook."""
@@ -75,6 +75,14 @@ def run_body():
 
 
 stepped = threading.Event()
+if SCENARIO == "init_thread":
+  setup = threading.Thread(target=jdtensor.initialize_accelerator_system, args=("CPU",))
+  setup.start()
+  setup.join(120)
+  body()
+  sys.exit(0)
+if SCENARIO == "named":
+  jdtensor.initialize_accelerator_system("CPU")
 worker = threading.Thread(target=run_body, name="TrainingThread")
 worker.start()
 if SCENARIO == "named":
